@@ -1,0 +1,22 @@
+package shard
+
+// Index maps a key to one of n shards with a stable hash (same on every node and release).
+//
+// The hash is 64-bit FNV-1a, reduced mod n. A cluster's data is placed by it: changing the
+// hash (or n) moves keys to other shards, so it is a breaking change for cluster
+// deployments and needs a migration. n < 1 is treated as 1.
+func Index(key []byte, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	const (
+		offset = 14695981039346656037
+		prime  = 1099511628211
+	)
+	h := uint64(offset)
+	for _, b := range key {
+		h ^= uint64(b)
+		h *= prime
+	}
+	return int(h % uint64(n))
+}

@@ -1,0 +1,714 @@
+package shard
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"unsafe"
+)
+
+// Requester names who asked, so the owner of that connection can deliver a late answer.
+type Requester struct {
+	Node uint32 // cluster node id; 0 in single mode
+	Conn uint64 // connection id, unique per node, never 0
+	Seq  uint64 // request sequence on that connection
+}
+
+// Op is the kind of a Command.
+type Op uint8
+
+const (
+	OpAcquire     Op = iota + 1 // From, Owner, Key, LeaseMs, WaitMs
+	OpRelease                   // From, Key, Token
+	OpExpire                    // Key, Token: the lease of Token ends (cluster leader); stale token: no-op
+	OpWaitTimeout               // From (the waiter), Key: its wait ends with T; already answered: no-op
+	OpWithdraw                  // From.Node+From.Conn: drop every queued acquire of that connection, no answers
+)
+
+var opNames = [...]string{"", "acquire", "release", "expire", "wait-timeout", "withdraw"}
+
+func (o Op) String() string {
+	if int(o) < len(opNames) && o != 0 {
+		return opNames[o]
+	}
+	return "op?"
+}
+
+// Command is one input to Apply. The table copies what it keeps (owner and key of a queued
+// acquire), so the slices need only live for the call.
+type Command struct {
+	Op      Op
+	From    Requester
+	Owner   []byte
+	Key     []byte
+	LeaseMs uint64
+	WaitMs  uint64
+	Token   uint64
+}
+
+// Result is the kind of an Answer.
+type Result uint8
+
+const (
+	Acquired    Result = iota + 1 // A <Token> <Owner> <Key>
+	TimedOut                      // T <Owner> <Key>
+	Busy                          // B <Owner> <Key>
+	Released                      // R <Token> <Key>
+	NotReleased                   // N <Token> <Key>
+)
+
+// Letter is the answer's first field on the wire: 'A', 'T', 'B', 'R' or 'N'.
+func (r Result) Letter() byte {
+	if r >= Acquired && r <= NotReleased {
+		return "ATBRN"[r-1]
+	}
+	return '?'
+}
+
+// Answer is addressed to a requester. Owner and Key point into the command or into table
+// memory: valid until the next call on the table; copy them to keep them.
+type Answer struct {
+	To       Requester
+	Result   Result
+	Token    uint64
+	Owner    []byte
+	Key      []byte
+	Deadline int64 // Acquired: when the lease ends
+}
+
+// DefaultMaxTombstones is how many released keys a table keeps for reuse when
+// Config.MaxTombstones is 0.
+const DefaultMaxTombstones = 1 << 16
+
+// maxFree bounds each free list: enough to absorb churn, small enough that a burst does not
+// pin its memory for good.
+const maxFree = 1024
+
+// Config sets a table's limits and mode; the zero value is an unlimited single-mode table.
+type Config struct {
+	MaxKeys          int     // registered keys in this table; 0: unlimited
+	MaxWaitersPerKey int     // 0: unlimited
+	MaxWaiters       int     // queued acquires in this table; 0: unlimited
+	Keys             *Budget // optional key budget shared by several tables (single mode: server-wide --max-keys); must be nil when Replicated
+	Replicated       bool    // cluster mode: leases end only by OpExpire, waits only by OpWaitTimeout; never compare now with deadlines in Apply
+	// ReserveTokens is called when the next token would pass the current ceiling; it returns a
+	// new ceiling (single mode persists a block first). nil: no ceiling.
+	ReserveTokens func(next uint64) uint64
+	// MaxTombstones bounds the released keys kept in the map for reuse (not state, only a
+	// cache). 0: DefaultMaxTombstones; negative: keep none.
+	MaxTombstones int
+}
+
+// Stats is a point-in-time view; the counters are cumulative since New (not in snapshots).
+type Stats struct {
+	Keys      int    // registered keys (held, grace-held, or with waiters)
+	Waiters   int    // queued acquires
+	LastToken uint64 // the last token granted (or set by SetLastToken / a snapshot)
+
+	Grants      uint64 // Acquired answers, at once or by hand-over
+	HandOvers   uint64 // grants to a queued acquire (release, lease end, grace end)
+	Expiries    uint64 // leases that ended without a release and were acted on: take-over, hand-over, OpExpire, sweep
+	TimedOut    uint64 // T answers, at once or at the end of a wait
+	Busy        uint64 // B answers
+	Released    uint64 // R answers
+	NotReleased uint64 // N answers
+	Swept       uint64 // expired keys deleted by Sweep
+	Withdrawn   uint64 // queued acquires dropped by OpWithdraw
+}
+
+// entry is a key. live: registered (held or grace-held, maybe with waiters); not live: a
+// tombstone kept in the map so that the next acquire of the key finds it without allocating.
+type entry struct {
+	key      []byte // owned; while the entry is in the map, the map's string key aliases it
+	token    uint64 // holder's token; 0 on a live entry: the grace phantom
+	deadline int64  // holder's lease end (phantom: grace end)
+	head     *waiter
+	tail     *waiter
+	nwait    int
+	hidx     int // lease timer's heap position, -1: none
+	live     bool
+}
+
+// waiter is a queued acquire. It is on two lists: its key's FIFO queue and its connection's
+// list (for OpWithdraw).
+type waiter struct {
+	from         Requester
+	owner        []byte // owned copy
+	leaseMs      uint64
+	wait         int64  // wait deadline
+	id           uint64 // arrival number in the table: breaks timer ties the same way after a snapshot
+	e            *entry
+	prev, next   *waiter // key queue
+	cprev, cnext *waiter // connection list
+	hidx         int     // wait timer's heap position, -1: none
+}
+
+type connID struct {
+	node uint32
+	conn uint64
+}
+
+// Table is the lock table of one shard. It is not safe for concurrent use: one goroutine
+// (a shard's event loop, or a replica's state machine) calls all its methods.
+type Table struct {
+	cfg     Config
+	maxTomb int
+
+	// State, all in snapshots: the live entries of keys with their queues, and the
+	// fields marked so.
+	keys        map[string]*entry
+	last        uint64 // last token granted (snapshot)
+	maxDeadline int64  // (snapshot)
+	grace       int64  // no unregistered key is granted before this (snapshot)
+	nextID      uint64 // next waiter id (snapshot)
+
+	// Derived from the state, rebuilt by ReadSnapshot.
+	conns map[connID]*waiter // head of each connection's waiter list
+	heap  timerHeap
+	nkeys int // live entries
+	nwait int
+
+	// Not state.
+	ntomb   int
+	ceiling uint64 // tokens up to here are reserved (with ReserveTokens)
+	freeE   []*entry
+	freeW   []*waiter
+	st      Stats
+	due     []int // scratch for Due
+}
+
+// New returns an empty table. It panics on a Config that cannot work: a shared key Budget
+// in Replicated mode (another table's state would make replicas answer differently).
+func New(cfg Config) *Table {
+	if cfg.Replicated && cfg.Keys != nil {
+		panic("shard: Config.Keys must be nil in Replicated mode")
+	}
+	t := &Table{cfg: cfg, keys: make(map[string]*entry), conns: make(map[connID]*waiter)}
+	switch {
+	case cfg.MaxTombstones == 0:
+		t.maxTomb = DefaultMaxTombstones
+	case cfg.MaxTombstones > 0:
+		t.maxTomb = cfg.MaxTombstones
+	}
+	return t
+}
+
+// Apply carries out one command at time now and appends the answers it decides to out.
+// An OpAcquire that queues appends nothing: its answer comes later from a release, Tick, or a command.
+// A release that hands the key over appends the R for the releaser, then the A for the new
+// holder (in single mode, T answers for queued acquires whose wait had passed come between).
+// Apply panics on an unknown Op: a log entry this version does not understand must stop the
+// replica rather than be skipped on some replicas and not on others.
+func (t *Table) Apply(now int64, c *Command, out []Answer) []Answer {
+	switch c.Op {
+	case OpAcquire:
+		return t.acquire(now, c, out)
+	case OpRelease:
+		return t.release(now, c, out)
+	case OpExpire:
+		return t.expire(now, c, out)
+	case OpWaitTimeout:
+		return t.waitTimeout(c, out)
+	case OpWithdraw:
+		t.withdraw(c.From)
+		return out
+	}
+	panic("shard: unknown Op " + c.Op.String())
+}
+
+func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
+	e := t.keys[string(c.Key)]
+	if e == nil || !e.live {
+		if now < t.grace {
+			// Grace: the key counts as held by a phantom (token 0) until t.grace.
+			if c.WaitMs == 0 {
+				return t.refuse(out, c, TimedOut)
+			}
+			if !t.waiterRoom(nil) || !t.takeKey() {
+				return t.refuse(out, c, Busy)
+			}
+			e = t.register(e, c.Key)
+			e.token, e.deadline = 0, t.grace
+			t.enqueue(e, now, c)
+			t.syncLease(e)
+			return out
+		}
+		if !t.takeKey() {
+			return t.refuse(out, c, Busy)
+		}
+		e = t.register(e, c.Key)
+		return t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
+	}
+	if !t.cfg.Replicated && e.deadline <= now {
+		// Lazy take-over in place; the queue stays as it is (the expiry path is not FIFO).
+		if e.token != 0 {
+			t.st.Expiries++
+		}
+		return t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
+	}
+	if c.WaitMs == 0 {
+		return t.refuse(out, c, TimedOut)
+	}
+	if !t.waiterRoom(e) {
+		return t.refuse(out, c, Busy)
+	}
+	t.enqueue(e, now, c)
+	t.syncLease(e)
+	return out
+}
+
+func (t *Table) release(now int64, c *Command, out []Answer) []Answer {
+	e := t.keys[string(c.Key)]
+	if e == nil || !e.live || e.token == 0 || e.token != c.Token {
+		t.st.NotReleased++
+		return append(out, Answer{To: c.From, Result: NotReleased, Token: c.Token, Key: c.Key})
+	}
+	t.st.Released++
+	out = append(out, Answer{To: c.From, Result: Released, Token: c.Token, Key: c.Key})
+	var ok bool
+	if out, ok = t.handOver(e, now, out); !ok {
+		t.unregister(e)
+	}
+	return out
+}
+
+func (t *Table) expire(now int64, c *Command, out []Answer) []Answer {
+	e := t.keys[string(c.Key)]
+	if e == nil || !e.live || e.token != c.Token {
+		return out // stale: the lease already ended or the key changed hands
+	}
+	if e.token != 0 {
+		t.st.Expiries++
+	}
+	var ok bool
+	if out, ok = t.handOver(e, now, out); !ok {
+		t.unregister(e)
+	}
+	return out
+}
+
+// waitTimeout ends the wait of c.From on c.Key. Were the same requester queued twice on
+// the key, the earliest goes: the connection list's order differs after a snapshot, the
+// arrival order does not.
+func (t *Table) waitTimeout(c *Command, out []Answer) []Answer {
+	var found *waiter
+	for w := t.conns[connID{c.From.Node, c.From.Conn}]; w != nil; w = w.cnext {
+		if w.from.Seq == c.From.Seq && bytes.Equal(w.e.key, c.Key) && (found == nil || w.id < found.id) {
+			found = w
+		}
+	}
+	if found != nil {
+		e := found.e
+		out = t.timeOut(found, out)
+		t.settle(e)
+	}
+	return out
+}
+
+func (t *Table) withdraw(from Requester) {
+	id := connID{from.Node, from.Conn}
+	for w := t.conns[id]; w != nil; w = t.conns[id] {
+		e := w.e
+		t.removeWaiter(w)
+		t.st.Withdrawn++
+		t.settle(e)
+	}
+}
+
+// Tick (single mode) applies everything due at now: hand-over at lease end to the queue head for
+// keys with waiters, and wait timeouts. Timers run in deadline order; at equal deadlines wait
+// timeouts come before lease ends, then lower tokens and earlier arrivals first. A key whose
+// lease ended and whose queue emptied stays registered (expired) until Sweep or an acquire.
+// In Replicated mode Tick does nothing: time reaches the table only through commands.
+func (t *Table) Tick(now int64, out []Answer) []Answer {
+	if t.cfg.Replicated {
+		return out
+	}
+	for len(t.heap) > 0 && t.heap[0].at <= now {
+		if w := t.heap[0].w; w != nil {
+			e := w.e
+			out = t.timeOut(w, out)
+			t.settle(e)
+			continue
+		}
+		e := t.heap[0].e
+		if e.token != 0 {
+			t.st.Expiries++
+		}
+		var ok bool
+		if out, ok = t.handOver(e, now, out); !ok {
+			t.settle(e) // drops the lease timer (no waiters left), or the phantom key
+		}
+	}
+	return out
+}
+
+// NextDeadline: the earliest timer Tick would act on (false: none). In Replicated mode: the
+// earliest timer Due would report. Any Apply can move it earlier (a new wait, a grant to a
+// key with waiters), so a runner looks again after each batch of commands.
+func (t *Table) NextDeadline() (int64, bool) {
+	if len(t.heap) == 0 {
+		return 0, false
+	}
+	return t.heap[0].at, true
+}
+
+// Due (cluster leader) appends the OpExpire/OpWaitTimeout commands due at now without applying them.
+// It reports the same commands again on every call until they are applied (a stale one is a
+// no-op then), in the order Tick would act on them. Key slices point into table memory:
+// valid until the next call on the table. In single mode it sees only the timers Tick uses
+// (lease ends of keys with waiters, wait deadlines).
+func (t *Table) Due(now int64, out []Command) []Command {
+	idx := t.due[:0]
+	if len(t.heap) > 0 && t.heap[0].at <= now {
+		idx = append(idx, 0)
+	}
+	for i := 0; i < len(idx); i++ { // breadth-first over the part of the heap that is due
+		for c := 2*idx[i] + 1; c <= 2*idx[i]+2 && c < len(t.heap); c++ {
+			if t.heap[c].at <= now {
+				idx = append(idx, c)
+			}
+		}
+	}
+	h := t.heap
+	slices.SortFunc(idx, func(a, b int) int {
+		switch {
+		case h.less(a, b):
+			return -1
+		case h.less(b, a):
+			return 1
+		}
+		return 0
+	})
+	for _, i := range idx {
+		tm := &t.heap[i]
+		if tm.w != nil {
+			out = append(out, Command{Op: OpWaitTimeout, From: tm.w.from, Key: tm.w.e.key})
+		} else {
+			out = append(out, Command{Op: OpExpire, Key: tm.e.key, Token: tm.e.token})
+		}
+	}
+	t.due = idx[:0]
+	return out
+}
+
+// Sweep deletes expired keys that have no waiters (single mode, every --sweep-interval).
+// It also drops every tombstone. In Replicated mode it only drops tombstones (which are not
+// state) and returns 0: keys there end by OpExpire.
+func (t *Table) Sweep(now int64) (removed int) {
+	for k, e := range t.keys {
+		if !e.live {
+			delete(t.keys, k)
+			t.ntomb--
+			t.freeEntry(e)
+			continue
+		}
+		if t.cfg.Replicated || e.nwait > 0 || e.deadline > now {
+			continue
+		}
+		if e.token != 0 {
+			t.st.Expiries++
+		}
+		t.drop(e)
+		delete(t.keys, k)
+		t.freeEntry(e)
+		removed++
+	}
+	t.st.Swept += uint64(removed)
+	return removed
+}
+
+// SetGrace: after a crash, no key is granted before until; acquires meanwhile see the key as held.
+// It applies to keys not registered: such a key is held by a phantom (token 0, lease end
+// until) that no release matches. An acquire with a wait queues behind it and registers the
+// key (it needs room for a key and a waiter); at until, Tick hands the key to the queue head.
+func (t *Table) SetGrace(until int64) { t.grace = until }
+
+// Grace returns the time set by SetGrace (or read from a snapshot).
+func (t *Table) Grace() int64 { return t.grace }
+
+// Stats returns the current sizes and the counters.
+func (t *Table) Stats() Stats {
+	s := t.st
+	s.Keys, s.Waiters, s.LastToken = t.nkeys, t.nwait, t.last
+	return s
+}
+
+// LastToken is the last token granted: the value to persist as the high-water mark.
+func (t *Table) LastToken() uint64 { return t.last }
+
+// SetLastToken raises the token counter (restart: continue above a persisted high-water
+// mark); a value at or below the current one changes nothing, so tokens never go back.
+func (t *Table) SetLastToken(tok uint64) {
+	if tok > t.last {
+		t.last = tok
+	}
+}
+
+// MaxDeadline is the latest lease deadline ever granted (lease high-water mark).
+func (t *Table) MaxDeadline() int64 { return t.maxDeadline }
+
+// refuse answers an acquire at once with T or B.
+func (t *Table) refuse(out []Answer, c *Command, r Result) []Answer {
+	if r == Busy {
+		t.st.Busy++
+	} else {
+		t.st.TimedOut++
+	}
+	return append(out, Answer{To: c.From, Result: r, Owner: c.Owner, Key: c.Key})
+}
+
+// grant makes `to` the holder of the live entry e, with a new token and a lease from now.
+func (t *Table) grant(out []Answer, e *entry, now int64, to Requester, owner []byte, leaseMs uint64) []Answer {
+	tok := t.nextToken()
+	e.token, e.deadline = tok, addMs(now, leaseMs)
+	if e.deadline > t.maxDeadline {
+		t.maxDeadline = e.deadline
+	}
+	t.st.Grants++
+	t.syncLease(e)
+	return append(out, Answer{To: to, Result: Acquired, Token: tok, Owner: owner, Key: e.key, Deadline: e.deadline})
+}
+
+func (t *Table) nextToken() uint64 {
+	n := t.last + 1
+	if t.cfg.ReserveTokens != nil && n > t.ceiling {
+		c := t.cfg.ReserveTokens(n)
+		if c < n {
+			panic("shard: ReserveTokens returned a ceiling below the next token")
+		}
+		t.ceiling = c
+	}
+	t.last = n
+	return n
+}
+
+// handOver gives the key to the head of its queue after its lease ended or was released.
+// In single mode a waiter whose wait has passed is never granted, even if Tick has not
+// seen it yet: it gets its T and the next one is tried. false: nobody was left to take it
+// (the caller decides what becomes of the key).
+func (t *Table) handOver(e *entry, now int64, out []Answer) ([]Answer, bool) {
+	for e.head != nil {
+		w := e.head
+		if !t.cfg.Replicated && w.wait <= now {
+			out = t.timeOut(w, out)
+			continue
+		}
+		// w's owner bytes stay intact in the free list until a later call reuses w.
+		t.removeWaiter(w)
+		t.st.HandOvers++
+		return t.grant(out, e, now, w.from, w.owner, w.leaseMs), true
+	}
+	return out, false
+}
+
+// timeOut answers T to a queued acquire and removes it (the caller settles its key).
+func (t *Table) timeOut(w *waiter, out []Answer) []Answer {
+	t.st.TimedOut++
+	out = append(out, Answer{To: w.from, Result: TimedOut, Owner: w.owner, Key: w.e.key})
+	t.removeWaiter(w)
+	return out
+}
+
+// settle brings a live entry back in line after waiters left it: a phantom with an empty
+// queue goes (it exists only for its queue), others get their lease timer adjusted.
+func (t *Table) settle(e *entry) {
+	if e.token == 0 && e.nwait == 0 {
+		t.unregister(e)
+		return
+	}
+	t.syncLease(e)
+}
+
+// syncLease keeps the lease timer of e in the heap exactly when a timer would act on it:
+// in Replicated mode for every holder, in single mode only with waiters (without them, the
+// lease ends lazily).
+func (t *Table) syncLease(e *entry) {
+	if !e.live || (!t.cfg.Replicated && e.nwait == 0) {
+		if e.hidx >= 0 {
+			t.heap.remove(e.hidx)
+		}
+		return
+	}
+	if e.hidx < 0 {
+		t.heap.push(timer{at: e.deadline, tie: e.token, e: e})
+		return
+	}
+	if tm := &t.heap[e.hidx]; tm.at != e.deadline || tm.tie != e.token {
+		tm.at, tm.tie = e.deadline, e.token
+		t.heap.fix(e.hidx)
+	}
+}
+
+func (t *Table) takeKey() bool {
+	if t.cfg.MaxKeys > 0 && t.nkeys >= t.cfg.MaxKeys {
+		return false
+	}
+	return t.cfg.Keys == nil || t.cfg.Keys.take()
+}
+
+// waiterRoom reports whether one more acquire may queue on e (nil: a key not yet registered).
+func (t *Table) waiterRoom(e *entry) bool {
+	if t.cfg.MaxWaiters > 0 && t.nwait >= t.cfg.MaxWaiters {
+		return false
+	}
+	if t.cfg.MaxWaitersPerKey > 0 && e != nil && e.nwait >= t.cfg.MaxWaitersPerKey {
+		return false
+	}
+	return true
+}
+
+// register makes a live entry for key: the tombstone e if there is one, else a new entry in
+// the map. The caller has taken the key's room.
+func (t *Table) register(e *entry, key []byte) *entry {
+	if e != nil {
+		t.ntomb--
+	} else {
+		e = t.newEntry(key)
+		t.keys[e.mapKey()] = e
+	}
+	e.live = true
+	t.nkeys++
+	return e
+}
+
+// unregister ends a live entry without waiters: it stays as a tombstone while there is room
+// for one, else it leaves the map.
+func (t *Table) unregister(e *entry) {
+	t.drop(e)
+	if t.ntomb < t.maxTomb {
+		t.ntomb++
+		return
+	}
+	delete(t.keys, e.mapKey())
+	t.freeEntry(e)
+}
+
+// drop makes e not live and gives back its room; the map is the caller's.
+func (t *Table) drop(e *entry) {
+	e.live = false
+	e.token, e.deadline = 0, 0
+	if e.hidx >= 0 {
+		t.heap.remove(e.hidx)
+	}
+	t.nkeys--
+	if t.cfg.Keys != nil {
+		t.cfg.Keys.put()
+	}
+}
+
+// mapKey is the map's key for e: a string over e.key's bytes, which are never written while
+// the entry is in the map (an entry's buffer is reused only after it left the map).
+func (e *entry) mapKey() string {
+	return unsafe.String(unsafe.SliceData(e.key), len(e.key))
+}
+
+func (t *Table) newEntry(key []byte) *entry {
+	var e *entry
+	if n := len(t.freeE); n > 0 {
+		e = t.freeE[n-1]
+		t.freeE[n-1] = nil
+		t.freeE = t.freeE[:n-1]
+	} else {
+		e = &entry{hidx: -1}
+	}
+	e.key = append(e.key[:0], key...)
+	return e
+}
+
+func (t *Table) freeEntry(e *entry) {
+	if len(t.freeE) < maxFree {
+		t.freeE = append(t.freeE, e)
+	}
+}
+
+// enqueue puts the acquire c at the tail of e's queue with its wait deadline.
+func (t *Table) enqueue(e *entry, now int64, c *Command) {
+	var w *waiter
+	if n := len(t.freeW); n > 0 {
+		w = t.freeW[n-1]
+		t.freeW[n-1] = nil
+		t.freeW = t.freeW[:n-1]
+	} else {
+		w = &waiter{}
+	}
+	w.from = c.From
+	w.owner = append(w.owner[:0], c.Owner...)
+	w.leaseMs = c.LeaseMs
+	w.wait = addMs(now, c.WaitMs)
+	w.id = t.nextID
+	t.nextID++
+	t.link(e, w)
+}
+
+// link appends w to e's queue and its connection's list and starts its wait timer.
+func (t *Table) link(e *entry, w *waiter) {
+	w.e = e
+	w.prev, w.next = e.tail, nil
+	if e.tail != nil {
+		e.tail.next = w
+	} else {
+		e.head = w
+	}
+	e.tail = w
+	e.nwait++
+	t.nwait++
+
+	id := connID{w.from.Node, w.from.Conn}
+	w.cprev, w.cnext = nil, t.conns[id]
+	if w.cnext != nil {
+		w.cnext.cprev = w
+	}
+	t.conns[id] = w
+
+	w.hidx = -1
+	t.heap.push(timer{at: w.wait, tie: w.id, w: w})
+}
+
+// removeWaiter takes w off its queue, its connection's list and the heap, and frees it.
+// The caller settles w's key.
+func (t *Table) removeWaiter(w *waiter) {
+	e := w.e
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		e.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		e.tail = w.prev
+	}
+	e.nwait--
+	t.nwait--
+
+	if w.cprev != nil {
+		w.cprev.cnext = w.cnext
+	} else {
+		id := connID{w.from.Node, w.from.Conn}
+		if w.cnext != nil {
+			t.conns[id] = w.cnext
+		} else {
+			delete(t.conns, id)
+		}
+	}
+	if w.cnext != nil {
+		w.cnext.cprev = w.cprev
+	}
+
+	if w.hidx >= 0 {
+		t.heap.remove(w.hidx)
+	}
+	w.e, w.prev, w.next, w.cprev, w.cnext = nil, nil, nil, nil, nil
+	if len(t.freeW) < maxFree {
+		t.freeW = append(t.freeW, w)
+	}
+}
+
+// addMs is now + ms milliseconds, saturating instead of wrapping.
+func addMs(now int64, ms uint64) int64 {
+	if ms > uint64(math.MaxInt64-now)/1e6 {
+		return math.MaxInt64
+	}
+	return now + int64(ms)*1e6
+}

@@ -1,0 +1,322 @@
+package shard
+
+import (
+	"bytes"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"sync"
+	"testing"
+)
+
+func acq(tb *Table, now int64, conn, seq uint64, key string, leaseMs, waitMs uint64) []Answer {
+	c := Command{Op: OpAcquire, From: Requester{Conn: conn, Seq: seq}, Owner: []byte("o"), Key: []byte(key), LeaseMs: leaseMs, WaitMs: waitMs}
+	return tb.Apply(now, &c, nil)
+}
+
+func rel(tb *Table, now int64, key string, tok uint64) []Answer {
+	c := Command{Op: OpRelease, From: Requester{Conn: 1}, Key: []byte(key), Token: tok}
+	return tb.Apply(now, &c, nil)
+}
+
+// TestIndexStable pins the hash: these values must never change (cluster data placement
+// depends on them).
+func TestIndexStable(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		n    int
+		want int
+	}{
+		{"", 16, 5},                           // 0xcbf29ce484222325, the offset basis
+		{"a", 16, 12},                         // 0xaf63dc4c8601ec8c
+		{"invoices", 7, 0},                    // 0x624f59ba098b0299
+		{"invoices", 1, 0},                    // one shard
+		{"invoices", 0, 0},                    // n < 1 counts as 1
+		{"tenant-042/job-0012345", 1024, 764}, // 0xd7cc8c4310f5b6fc
+	} {
+		if got := Index([]byte(c.key), c.n); got != c.want {
+			t.Errorf("Index(%q, %d) = %d, want %d", c.key, c.n, got, c.want)
+		}
+	}
+	for i := range 1000 { // and it is the standard FNV-1a
+		k := fmt.Appendf(nil, "k%d", i)
+		h := fnv.New64a()
+		h.Write(k)
+		if got, want := Index(k, 1000003), int(h.Sum64()%1000003); got != want {
+			t.Fatalf("Index(%q) = %d, FNV-1a gives %d", k, got, want)
+		}
+	}
+	var counts [8]int
+	for i := range 80000 {
+		counts[Index(fmt.Appendf(nil, "key-%d", i), 8)]++
+	}
+	for s, n := range counts {
+		if n < 9000 || n > 11000 {
+			t.Errorf("shard %d got %d of 80000 keys", s, n)
+		}
+	}
+}
+
+func TestBudgetShared(t *testing.T) {
+	b := NewBudget(50)
+	tables := []*Table{New(Config{Keys: b}), New(Config{Keys: b}), New(Config{Keys: b})}
+	var wg sync.WaitGroup
+	for i, tb := range tables {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := range 20 {
+				held := map[string]uint64{}
+				for k := range 40 {
+					key := fmt.Sprintf("t%d-%d", i, k)
+					a := acq(tb, int64(round), 1, 1, key, 1000, 0)
+					if a[0].Result == Acquired {
+						held[key] = a[0].Token
+					} else if a[0].Result != Busy {
+						t.Errorf("unexpected %v", a)
+					}
+				}
+				if tb.Stats().Keys > 50 {
+					t.Errorf("table holds %d keys", tb.Stats().Keys)
+				}
+				for key, tok := range held {
+					if a := rel(tb, int64(round), key, tok); a[0].Result != Released {
+						t.Errorf("unexpected %v", a)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if b.Used() != 0 {
+		t.Errorf("budget used %d after every key was released", b.Used())
+	}
+	// The limit holds across tables.
+	for i := range 60 {
+		acq(tables[i%3], 0, 1, 1, fmt.Sprintf("x%d", i), 1000, 0)
+	}
+	if b.Used() != 50 {
+		t.Errorf("budget used %d, want 50", b.Used())
+	}
+	// Sweep gives room back.
+	for _, tb := range tables {
+		tb.Sweep(2e9)
+	}
+	if b.Used() != 0 {
+		t.Errorf("budget used %d after sweep", b.Used())
+	}
+}
+
+func TestSnapshotErrors(t *testing.T) {
+	src := New(Config{})
+	acq(src, 0, 1, 1, "k", 1000, 0)
+	acq(src, 0, 2, 1, "k", 1000, 5000)
+	acq(src, 0, 3, 1, "j", 1000, 0)
+	var buf bytes.Buffer
+	if err := src.WriteSnapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	good := buf.Bytes()
+
+	budget := NewBudget(10)
+	for cut := range len(good) {
+		tb := New(Config{Keys: budget})
+		if err := tb.ReadSnapshot(bytes.NewReader(good[:cut])); err == nil {
+			t.Fatalf("a snapshot cut at %d of %d bytes was accepted", cut, len(good))
+		}
+		if err := checkTable(tb); err != nil || tb.Stats().Keys != 0 || budget.Used() != 0 {
+			t.Fatalf("after a failed read: %v, %+v, budget %d", err, tb.Stats(), budget.Used())
+		}
+	}
+	for i := range good {
+		bad := bytes.Clone(good)
+		bad[i] ^= 0x40
+		if err := New(Config{}).ReadSnapshot(bytes.NewReader(bad)); err == nil {
+			t.Fatalf("a snapshot with byte %d changed was accepted", i)
+		}
+	}
+
+	tb := New(Config{Keys: budget})
+	acq(tb, 0, 1, 1, "other", 1000, 0)
+	if err := tb.ReadSnapshot(bytes.NewReader(good)); err == nil {
+		t.Fatal("a snapshot was read into a table with keys")
+	}
+	rel(tb, 0, "other", 1) // now only a tombstone is left: that is empty
+	if err := tb.ReadSnapshot(bytes.NewReader(good)); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkTable(tb); err != nil {
+		t.Fatal(err)
+	}
+	if st := tb.Stats(); st.Keys != 2 || st.Waiters != 1 || st.LastToken != 2 || budget.Used() != 2 {
+		t.Fatalf("restored %+v, budget %d", st, budget.Used())
+	}
+}
+
+// A snapshot is a function of the state: histories that end in the same state (here with
+// other tombstones, free lists and map order) give the same bytes.
+func TestSnapshotDeterministic(t *testing.T) {
+	a, b := New(Config{}), New(Config{MaxTombstones: 3})
+	a.SetLastToken(100)
+	for i := range 100 {
+		k := fmt.Sprintf("gone-%d", i)
+		rel(b, 0, k, acq(b, 0, 1, 1, k, 1000, 0)[0].Token)
+	}
+	for _, tb := range []*Table{a, b} {
+		for i := range 20 {
+			acq(tb, 5, 1, uint64(i), fmt.Sprintf("k%d", i%7), 1000, uint64(i%3)*1000)
+		}
+	}
+	var sa, sb bytes.Buffer
+	if err := a.WriteSnapshot(&sa); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteSnapshot(&sb); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(sa.Bytes(), sb.Bytes()) {
+		t.Fatal("same state, different snapshot bytes")
+	}
+}
+
+func TestTombstonesBounded(t *testing.T) {
+	tb := New(Config{MaxTombstones: 4})
+	for i := range 10 {
+		k := fmt.Sprintf("k%d", i)
+		rel(tb, 0, k, acq(tb, 0, 1, 1, k, 1000, 0)[0].Token)
+	}
+	if len(tb.keys) != 4 || tb.ntomb != 4 {
+		t.Fatalf("map holds %d entries, %d tombstones; want 4", len(tb.keys), tb.ntomb)
+	}
+	if n := tb.Sweep(0); n != 0 || len(tb.keys) != 0 {
+		t.Fatalf("sweep: %d removed, %d left in the map", n, len(tb.keys))
+	}
+}
+
+// Granted waiters take their timers with them: a high hand-over rate with hour-long waits
+// does not pile up heap entries.
+func TestHeapHoldsOnlyLiveTimers(t *testing.T) {
+	tb := New(Config{})
+	tok := acq(tb, 0, 1, 1, "k", 1000, 0)[0].Token
+	for i := range 8 {
+		acq(tb, 0, uint64(2+i), 1, "k", 1000, 3600000)
+	}
+	for i := range 10000 {
+		now := int64(i) * 1e3
+		out := rel(tb, now, "k", tok)
+		tok = out[1].Token
+		acq(tb, now, uint64(2+i%8), uint64(2+i), "k", 1000, 3600000)
+		if len(tb.heap) != 9 {
+			t.Fatalf("after %d hand-overs the heap holds %d timers, want 9", i+1, len(tb.heap))
+		}
+	}
+}
+
+func TestEdges(t *testing.T) {
+	t.Run("replicated with budget panics", func(t *testing.T) {
+		defer func() {
+			if recover() == nil {
+				t.Error("no panic")
+			}
+		}()
+		New(Config{Replicated: true, Keys: NewBudget(1)})
+	})
+	t.Run("unknown op panics", func(t *testing.T) {
+		defer func() {
+			if recover() == nil {
+				t.Error("no panic")
+			}
+		}()
+		New(Config{}).Apply(0, &Command{Op: 99}, nil)
+	})
+	t.Run("bad ceiling panics before granting", func(t *testing.T) {
+		tb := New(Config{ReserveTokens: func(next uint64) uint64 { return next - 1 }})
+		defer func() {
+			if recover() == nil {
+				t.Error("no panic")
+			}
+			if tb.LastToken() != 0 {
+				t.Error("token advanced")
+			}
+		}()
+		acq(tb, 0, 1, 1, "k", 1000, 0)
+	})
+	t.Run("SetLastToken never lowers", func(t *testing.T) {
+		tb := New(Config{})
+		tb.SetLastToken(10)
+		tb.SetLastToken(5)
+		if a := acq(tb, 0, 1, 1, "k", 1000, 0); a[0].Token != 11 {
+			t.Errorf("token %d, want 11", a[0].Token)
+		}
+	})
+	t.Run("deadlines saturate", func(t *testing.T) {
+		tb := New(Config{})
+		a := acq(tb, 1e18, 1, 1, "k", math.MaxUint64, 0)
+		if a[0].Deadline != math.MaxInt64 || tb.MaxDeadline() != math.MaxInt64 {
+			t.Errorf("deadline %d", a[0].Deadline)
+		}
+		if addMs(0, 1) != 1e6 || addMs(5, 0) != 5 {
+			t.Error("addMs")
+		}
+	})
+}
+
+// A snapshot larger than the writer's chunk round-trips.
+func TestSnapshotLarge(t *testing.T) {
+	a := New(Config{})
+	for i := range 20000 {
+		k := fmt.Sprintf("tenant-%03d/job-%07d", i%1000, i)
+		acq(a, int64(i), 1, uint64(i), k, 30000, 0)
+		if i%3 == 0 {
+			acq(a, int64(i), 2, uint64(i), k, 30000, 60000)
+		}
+	}
+	var s1, s2 bytes.Buffer
+	if err := a.WriteSnapshot(&s1); err != nil {
+		t.Fatal(err)
+	}
+	b := New(Config{})
+	if err := b.ReadSnapshot(bytes.NewReader(s1.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkTable(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteSnapshot(&s2); err != nil {
+		t.Fatal(err)
+	}
+	if s1.Len() < 200<<10 || !bytes.Equal(s1.Bytes(), s2.Bytes()) {
+		t.Fatalf("%d bytes, equal %v", s1.Len(), bytes.Equal(s1.Bytes(), s2.Bytes()))
+	}
+	if sa, sb := a.Stats(), b.Stats(); sa.Keys != sb.Keys || sa.Waiters != sb.Waiters || sa.LastToken != sb.LastToken {
+		t.Fatalf("%+v vs %+v", sa, sb)
+	}
+}
+
+func TestTimeoutWaitersKeepsHolders(t *testing.T) {
+	tb := New(Config{})
+	a := Requester{Conn: 1, Seq: 1}
+	out := tb.Apply(0, &Command{Op: OpAcquire, From: a, Owner: []byte("h"), Key: []byte("k"), LeaseMs: 1000}, nil)
+	tok := out[0].Token
+	for i := uint64(2); i <= 4; i++ {
+		tb.Apply(0, &Command{Op: OpAcquire, From: Requester{Conn: i, Seq: 1}, Owner: []byte("w"), Key: []byte("k"), LeaseMs: 1000, WaitMs: 5000}, nil)
+	}
+	tb.SetGrace(1e9)
+	tb.Apply(0, &Command{Op: OpAcquire, From: Requester{Conn: 9, Seq: 1}, Owner: []byte("g"), Key: []byte("phantom"), LeaseMs: 1000, WaitMs: 5000}, nil)
+	out = tb.TimeoutWaiters(nil)
+	if len(out) != 4 {
+		t.Fatalf("%d answers, want 4", len(out))
+	}
+	for _, a := range out {
+		if a.Result != TimedOut {
+			t.Fatalf("answer %+v, want T", a)
+		}
+	}
+	if st := tb.Stats(); st.Waiters != 0 || st.Keys != 1 {
+		t.Fatalf("after: %d waiters, %d keys; want 0 and 1 (the holder's)", st.Waiters, st.Keys)
+	}
+	out = tb.Apply(1, &Command{Op: OpRelease, Key: []byte("k"), Token: tok}, nil)
+	if len(out) != 1 || out[0].Result != Released {
+		t.Fatalf("holder's release: %+v", out)
+	}
+}
