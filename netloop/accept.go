@@ -1,0 +1,131 @@
+package netloop
+
+import (
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// acceptLoop accepts connections and enrolls them into the gnet engine.
+//
+// Beyond MaxConns a connection is accepted and closed at once, so that the
+// client learns it now instead of waiting in the backlog. When the process
+// runs out of descriptors anyway (EMFILE, ENFILE), one spare descriptor held
+// for the purpose is given up to accept and close the waiting connection,
+// then taken again, and accepting backs off briefly; serving goes on.
+func (s *Server) acceptLoop() {
+	defer s.acceptWG.Done()
+	spare, _ := os.Open(os.DevNull)
+	var backoff time.Duration
+	var lastWarn time.Time
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				if spare != nil {
+					_ = spare.Close()
+					if nc2, err2 := s.ln.Accept(); err2 == nil {
+						_ = nc2.Close()
+						s.refused.Add(1)
+					}
+					spare, _ = os.Open(os.DevNull)
+				}
+			}
+			if time.Since(lastWarn) > time.Second {
+				s.log.Warn("accept failed; backing off", zap.Error(err))
+				lastWarn = time.Now()
+			}
+			if backoff == 0 {
+				backoff = 5 * time.Millisecond
+			} else if backoff < time.Second {
+				backoff *= 2
+			}
+			select {
+			case <-s.done:
+				return
+			case <-time.After(backoff):
+			}
+			continue
+		}
+		backoff = 0
+		if s.conns.Load() >= int64(s.cfg.MaxConns) {
+			s.refused.Add(1)
+			_ = nc.Close()
+			continue
+		}
+		c := &Conn{id: s.nextID.Add(1), s: s, epfd: -1}
+		s.conns.Add(1)
+		// Enroll duplicates the descriptor, closes nc and returns once
+		// OnOpen has run on the connection's loop.
+		if _, err := s.cli.EnrollContext(nc, c); err != nil {
+			s.conns.Add(-1)
+			s.refused.Add(1)
+			if time.Since(lastWarn) > time.Second {
+				s.log.Warn("cannot register connection", zap.Error(err))
+				lastWarn = time.Now()
+			}
+			continue
+		}
+		s.accepted.Add(1)
+	}
+}
+
+// registry finds a connection by id for answers decided elsewhere.
+type registry struct {
+	shards [64]struct {
+		mu sync.RWMutex
+		m  map[uint64]*Conn
+	}
+}
+
+func (r *registry) init() {
+	for i := range r.shards {
+		r.shards[i].m = make(map[uint64]*Conn)
+	}
+}
+
+func (r *registry) put(c *Conn) {
+	sh := &r.shards[c.id%uint64(len(r.shards))]
+	sh.mu.Lock()
+	sh.m[c.id] = c
+	sh.mu.Unlock()
+}
+
+func (r *registry) del(id uint64) {
+	sh := &r.shards[id%uint64(len(r.shards))]
+	sh.mu.Lock()
+	delete(sh.m, id)
+	sh.mu.Unlock()
+}
+
+func (r *registry) get(id uint64) *Conn {
+	sh := &r.shards[id%uint64(len(r.shards))]
+	sh.mu.RLock()
+	c := sh.m[id]
+	sh.mu.RUnlock()
+	return c
+}
+
+func (r *registry) each(fn func(*Conn)) {
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.RLock()
+		for _, c := range sh.m {
+			fn(c)
+		}
+		sh.mu.RUnlock()
+	}
+}

@@ -1,0 +1,288 @@
+package netloop
+
+import (
+	"sync"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/ticketd/ticketd/codec"
+)
+
+// Conn is ticketd's state of one client connection.
+type Conn struct {
+	id uint64
+	gc gnet.Conn
+	s  *Server
+
+	// Loop-only state.
+	inflight int    // requests handed to the Backend and not yet answered
+	seq      uint64 // requests read so far
+	paused   bool
+	epfd     int // the loop's epoll descriptor, for pausing reads
+
+	// Mailbox for answers decided on other goroutines.
+	mu     sync.Mutex
+	mail   []byte
+	mailN  int
+	closed bool
+}
+
+// ID names the connection for answers decided later; never 0. Safe from any
+// goroutine.
+func (c *Conn) ID() uint64 { return c.id }
+
+// NextSeq numbers the connection's requests. Loop only.
+func (c *Conn) NextSeq() uint64 { c.seq++; return c.seq }
+
+// Post hands over answers decided away from the connection's loop: b holds
+// n encoded answer lines. It copies b, so the caller may reuse it at once.
+// Safe from any goroutine; false if the connection is gone, in which case
+// nothing was taken.
+func (c *Conn) Post(b []byte, n int) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	wake := len(c.mail) == 0
+	c.mail = append(c.mail, b...)
+	c.mailN += n
+	c.mu.Unlock()
+	if wake {
+		_ = c.gc.Wake(nil)
+	}
+	return true
+}
+
+// handler is the gnet event handler.
+type handler struct {
+	gnet.BuiltinEventEngine
+	s *Server
+}
+
+func (h *handler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+	c := gc.Context().(*Conn)
+	c.gc = gc
+	c.epfd = loopPollFD(gc)
+	h.s.reg.put(c)
+	return nil, gnet.None
+}
+
+func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
+	c, ok := gc.Context().(*Conn)
+	if !ok || c == nil {
+		return gnet.None
+	}
+	s := h.s
+	c.mu.Lock()
+	c.closed = true
+	mail := c.mail
+	c.mail = nil
+	c.mu.Unlock()
+	s.reg.del(c.id)
+	s.parked.del(c)
+	s.conns.Add(-1)
+	s.cfg.Backend.Closed(c)
+	// Grants that never reached the client would leak until their lease
+	// ends; nobody knows their tokens, so give them back now.
+	for len(mail) > 0 {
+		var a codec.Answer
+		n, err := codec.ParseAnswer(mail, &a)
+		if n == 0 || err != nil {
+			break
+		}
+		if a.Kind == 'A' {
+			s.orphans.Add(1)
+			s.cfg.Backend.Orphaned(a.Token, a.Key)
+		}
+		mail = mail[n:]
+	}
+	return gnet.None
+}
+
+func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
+	c := gc.Context().(*Conn)
+	s := h.s
+	var start time.Time
+	if s.cfg.Latency != nil {
+		start = time.Now()
+	}
+	outp := s.outPool.Get().(*[]byte)
+	out := (*outp)[:0]
+	defer func() {
+		if cap(out) > 1<<20 { // one flood must not pin a large buffer
+			out = make([]byte, 0, 16<<10)
+		}
+		*outp = out[:0]
+		s.outPool.Put(outp)
+	}()
+
+	c.mu.Lock()
+	if len(c.mail) > 0 {
+		out = append(out, c.mail...)
+		c.inflight -= c.mailN
+		s.late.Add(int64(c.mailN))
+		if cap(c.mail) > 64<<10 {
+			c.mail = nil
+		} else {
+			c.mail = c.mail[:0]
+		}
+		c.mailN = 0
+	}
+	c.mu.Unlock()
+
+	action := gnet.None
+	buf, _ := gc.Peek(-1)
+	consumed := 0
+	if len(buf) > 0 && !c.over(len(out)) {
+		out, consumed, action = h.parse(c, buf, out)
+		if consumed > 0 { // gnet's Discard(0) drops everything
+			_, _ = gc.Discard(consumed)
+		}
+	}
+	if len(out) > 0 {
+		_, _ = gc.Write(out)
+		if s.cfg.Latency != nil {
+			s.cfg.Latency.Observe(time.Since(start).Seconds())
+		}
+	}
+	if action != gnet.None {
+		return action
+	}
+	if c.over(0) {
+		c.pause()
+	} else if c.paused {
+		c.resume()
+	}
+	return gnet.None
+}
+
+// parse reads frames from buf while the connection is within its limits and
+// hands them to the Backend in batches.
+func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Action) {
+	s := h.s
+	rp := s.reqPool.Get().(*[]codec.Request)
+	reqs := (*rp)[:0]
+	defer func() { *rp = reqs[:0]; s.reqPool.Put(rp) }()
+
+	consumed := 0
+	var acq, rel int64
+	flush := func() bool {
+		if len(reqs) == 0 {
+			return false
+		}
+		var answered int
+		var closeNow bool
+		out, answered, closeNow = s.cfg.Backend.Handle(c, reqs, out)
+		c.inflight -= answered
+		reqs = reqs[:0]
+		return closeNow
+	}
+	action := gnet.None
+	for {
+		if len(reqs) == cap(reqs) {
+			if flush() {
+				action = gnet.Close
+				break
+			}
+		}
+		if c.over(len(out)) {
+			break
+		}
+		reqs = reqs[:len(reqs)+1]
+		n, perr := codec.ParseRequest(buf[consumed:], s.cfg.Limits, &reqs[len(reqs)-1])
+		if perr != nil {
+			reqs = reqs[:len(reqs)-1]
+			s.badFrames.Add(1)
+			if !flush() {
+				out = codec.AppendError(out, perr)
+			}
+			action = gnet.Close
+			break
+		}
+		if n == 0 {
+			reqs = reqs[:len(reqs)-1]
+			break
+		}
+		if reqs[len(reqs)-1].Kind == codec.Acquire {
+			acq++
+		} else {
+			rel++
+		}
+		consumed += n
+		c.inflight++
+	}
+	if action == gnet.None && flush() {
+		action = gnet.Close
+	}
+	if acq > 0 {
+		s.acquires.Add(acq)
+	}
+	if rel > 0 {
+		s.releases.Add(rel)
+	}
+	return out, consumed, action
+}
+
+// over tells whether the connection is past its limits; pending counts
+// answer bytes not yet handed to gnet.
+func (c *Conn) over(pending int) bool {
+	return c.inflight >= c.s.cfg.MaxInflight ||
+		c.gc.OutboundBuffered()+pending >= c.s.cfg.MaxOutbound
+}
+
+func (c *Conn) pause() {
+	if pauseRead(c.epfd, c.gc.Fd(), c.gc.OutboundBuffered() > 0) == nil {
+		if !c.paused {
+			c.s.paused.Add(1)
+		}
+		c.paused = true
+		// Nothing may arrive to wake a connection paused on its own unsent
+		// output once it drains, so it is looked at again on a timer.
+		c.s.parked.add(c)
+	}
+}
+
+func (c *Conn) resume() {
+	if resumeRead(c.epfd, c.gc.Fd(), c.gc.OutboundBuffered() > 0) == nil {
+		c.paused = false
+		c.s.parked.del(c)
+	}
+}
+
+// parkedSet holds paused connections; parkedLoop wakes them now and then so
+// that their loop re-checks their limits.
+type parkedSet struct {
+	mu sync.Mutex
+	m  map[*Conn]struct{}
+}
+
+func (p *parkedSet) init() { p.m = make(map[*Conn]struct{}) }
+
+func (p *parkedSet) add(c *Conn) { p.mu.Lock(); p.m[c] = struct{}{}; p.mu.Unlock() }
+
+func (p *parkedSet) del(c *Conn) { p.mu.Lock(); delete(p.m, c); p.mu.Unlock() }
+
+func (s *Server) parkedLoop() {
+	defer s.acceptWG.Done()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	var batch []*Conn
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		batch = batch[:0]
+		s.parked.mu.Lock()
+		for c := range s.parked.m {
+			batch = append(batch, c)
+		}
+		s.parked.mu.Unlock()
+		for _, c := range batch {
+			_ = c.gc.Wake(nil)
+		}
+	}
+}

@@ -1,0 +1,305 @@
+package netloop
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/codec"
+)
+
+// fakeBackend grants every acquire at once, except for key "later", whose
+// acquires it parks for the test to answer through Post.
+type fakeBackend struct {
+	handled atomic.Int64
+	mu      sync.Mutex
+	parked  []*Conn
+	closed  atomic.Int64
+	orphans atomic.Int64
+}
+
+func (b *fakeBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
+	n := 0
+	for i := range reqs {
+		q := &reqs[i]
+		b.handled.Add(1)
+		switch {
+		case q.Kind == codec.Acquire && string(q.Key) == "later":
+			b.mu.Lock()
+			b.parked = append(b.parked, c)
+			b.mu.Unlock()
+		case q.Kind == codec.Acquire:
+			out = codec.AppendAcquired(out, 1, q.Owner, q.Key)
+			n++
+		default:
+			out = codec.AppendReleased(out, q.Token, q.Key)
+			n++
+		}
+	}
+	return out, n, false
+}
+
+func (b *fakeBackend) Closed(*Conn)            { b.closed.Add(1) }
+func (b *fakeBackend) Orphaned(uint64, []byte) { b.orphans.Add(1) }
+
+func startServer(t *testing.T, cfg Config) (*Server, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 1000
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop(t.Context()) })
+	return s, ln.Addr().String()
+}
+
+func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
+func readLine(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	l, err := r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("read: %v (got %q)", err, l)
+	}
+	return strings.TrimSuffix(l, "\n")
+}
+
+func TestPipelineAndLateAnswer(t *testing.T) {
+	b := &fakeBackend{}
+	s, addr := startServer(t, Config{Backend: b})
+	c, r := dial(t, addr)
+	var req bytes.Buffer
+	req.WriteString("A w later 1000 5000\n")
+	for i := 0; i < 1000; i++ {
+		fmt.Fprintf(&req, "A o%d k%d 1000 0\r\nR 7 k%d\n", i, i, i)
+	}
+	if _, err := c.Write(req.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ {
+		if got, want := readLine(t, r), fmt.Sprintf("A 1 o%d k%d", i, i); got != want {
+			t.Fatalf("answer %d: %q, want %q", i, got, want)
+		}
+		if got, want := readLine(t, r), fmt.Sprintf("R 7 k%d", i); got != want {
+			t.Fatalf("answer %d: %q, want %q", i, got, want)
+		}
+	}
+	b.mu.Lock()
+	parked := b.parked[0]
+	b.mu.Unlock()
+	if s.Conn(parked.ID()) != parked {
+		t.Fatal("registry does not find the connection")
+	}
+	go parked.Post([]byte("A 9 w later\n"), 1)
+	if got := readLine(t, r); got != "A 9 w later" {
+		t.Fatalf("late answer: %q", got)
+	}
+}
+
+func TestBadFrameAnswersEarlierThenCloses(t *testing.T) {
+	b := &fakeBackend{}
+	_, addr := startServer(t, Config{Backend: b})
+	c, r := dial(t, addr)
+	_, _ = c.Write([]byte("A o k 1000 0\nA o k 1000 0 extra\nA o k2 1000 0\n"))
+	if got := readLine(t, r); got != "A 1 o k" {
+		t.Fatalf("first answer: %q", got)
+	}
+	if got := readLine(t, r); !strings.HasPrefix(got, "E syntax ") {
+		t.Fatalf("want E syntax, got %q", got)
+	}
+	if rest, err := io.ReadAll(r); err != nil || len(rest) != 0 {
+		t.Fatalf("after E: %q, %v; want EOF", rest, err)
+	}
+	if got := b.handled.Load(); got != 1 {
+		t.Fatalf("backend saw %d requests, want 1: nothing after a bad line runs", got)
+	}
+}
+
+func TestOneByteAtATime(t *testing.T) {
+	_, addr := startServer(t, Config{Backend: &fakeBackend{}})
+	c, r := dial(t, addr)
+	for _, ch := range []byte("A slow key 10 0\r\n") {
+		if _, err := c.Write([]byte{ch}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := readLine(t, r); got != "A 1 slow key" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// A client that writes without reading must meet backpressure: the server
+// stops reading it once its unsent answers pass MaxOutbound, so the number of
+// handled requests stops growing, and it goes on once the client reads.
+func TestFloodWithoutReadingIsBounded(t *testing.T) {
+	b := &fakeBackend{}
+	s, addr := startServer(t, Config{Backend: b, MaxOutbound: 64 << 10})
+	c, r := dial(t, addr)
+	frame := []byte("A flooding-owner flooding-key 1000 0\n")
+	batch := bytes.Repeat(frame, 1000)
+	var wrote atomic.Int64
+	stop := make(chan struct{})
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		rest := batch
+		for {
+			select {
+			case <-stop:
+				if len(rest) == len(batch) {
+					return
+				}
+			default:
+			}
+			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+			n, err := c.Write(rest)
+			wrote.Add(int64(n))
+			if rest = rest[n:]; len(rest) == 0 {
+				rest = batch
+			}
+			if err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					continue
+				}
+				return
+			}
+		}
+	}()
+	// Let the flood hit the limits, then check that handling has stalled.
+	deadline := time.Now().Add(5 * time.Second)
+	var last int64 = -1
+	stalled := false
+	for time.Now().Before(deadline) {
+		time.Sleep(300 * time.Millisecond)
+		h := b.handled.Load()
+		if h == last && h > 0 {
+			stalled = true
+			break
+		}
+		last = h
+	}
+	if !stalled {
+		t.Fatalf("server kept handling requests (%d) from a client that reads nothing", b.handled.Load())
+	}
+	if s.Stats().Paused == 0 {
+		t.Fatal("connection was never paused")
+	}
+	// Handled requests are bounded by the output limit plus socket buffers,
+	// far below what the client tried to send.
+	answerBytes := int64(len("A 1 flooding-owner flooding-key\n"))
+	if h := b.handled.Load(); h*answerBytes > 64<<20 {
+		t.Fatalf("handled %d requests (%d answer bytes) while paused", h, h*answerBytes)
+	}
+	// Reading drains everything the server accepted, and it resumes: the
+	// writer can finish its last batch only while answers are read.
+	var read atomic.Int64
+	go func() {
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		for {
+			if _, err := r.ReadSlice('\n'); err != nil {
+				return
+			}
+			read.Add(1)
+		}
+	}()
+	close(stop)
+	<-writerDone
+	want := wrote.Load() / int64(len(frame))
+	waitFor(t, func() bool { return read.Load() == want })
+}
+
+func TestMaxConnsRefusesAndKeepsServing(t *testing.T) {
+	b := &fakeBackend{}
+	s, addr := startServer(t, Config{Backend: b, MaxConns: 3})
+	var kept []*bufio.Reader
+	var conns []net.Conn
+	for i := 0; i < 3; i++ {
+		c, r := dial(t, addr)
+		_, _ = c.Write([]byte("A o k 1 0\n"))
+		if got := readLine(t, r); got != "A 1 o k" {
+			t.Fatalf("conn %d: %q", i, got)
+		}
+		kept, conns = append(kept, r), append(conns, c)
+	}
+	for i := 0; i < 5; i++ {
+		c, r := dial(t, addr)
+		_, _ = c.Write([]byte("A o k 1 0\n"))
+		if l, err := r.ReadString('\n'); err == nil {
+			t.Fatalf("connection beyond MaxConns was served: %q", l)
+		}
+	}
+	for i, c := range conns {
+		_, _ = c.Write([]byte("R 1 k\n"))
+		if got := readLine(t, kept[i]); got != "R 1 k" {
+			t.Fatalf("conn %d after refusals: %q", i, got)
+		}
+	}
+	if st := s.Stats(); st.Refused < 5 {
+		t.Fatalf("refused %d, want 5", st.Refused)
+	}
+}
+
+func TestCloseReportsAndReleasesUndelivered(t *testing.T) {
+	b := &fakeBackend{}
+	s, addr := startServer(t, Config{Backend: b})
+	c, r := dial(t, addr)
+	_, _ = c.Write([]byte("A o k 1 0\n"))
+	readLine(t, r)
+	id := uint64(0)
+	s.reg.each(func(cc *Conn) { id = cc.ID() })
+	_ = c.Close()
+	waitFor(t, func() bool { return b.closed.Load() == 1 })
+	if s.Conn(id) != nil {
+		t.Fatal("closed connection still registered")
+	}
+}
+
+func TestEpollLayoutGuard(t *testing.T) {
+	s, addr := startServer(t, Config{Backend: &fakeBackend{}})
+	c, r := dial(t, addr)
+	_, _ = c.Write([]byte("A o k 1 0\n"))
+	readLine(t, r)
+	fd := -2
+	// OnOpen stores epfd before it registers the connection.
+	s.reg.each(func(c *Conn) { fd = c.epfd })
+	if fd < 0 {
+		t.Fatalf("could not find gnet's epoll descriptor (got %d): pausing reads is a no-op with this gnet version", fd)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,216 @@
+package netloop
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"go.uber.org/zap"
+
+	"github.com/ticketd/ticketd/codec"
+)
+
+// Backend carries out requests. Single mode applies them to the lock table
+// in place; cluster mode proposes them through Raft. Both answer what is
+// known at once into out and everything else later through Conn.Post.
+type Backend interface {
+	// Handle carries out reqs, parsed in this order from one read of c. It
+	// appends the answers known now to out and returns how many of reqs (or
+	// of c's earlier requests) those answers settle. It runs on c's event
+	// loop; reqs die when it returns. If it returns close, c is closed after
+	// out is written and nothing more is read from it.
+	Handle(c *Conn, reqs []codec.Request, out []byte) (_ []byte, answered int, close bool)
+	// Closed tells that c is gone: its queued acquires must be withdrawn.
+	Closed(c *Conn)
+	// Orphaned releases a grant that was decided for a connection that
+	// closed before the answer could be written, so that no lock leaks.
+	Orphaned(token uint64, key []byte)
+}
+
+// Observer takes one observation, in seconds; prometheus.Histogram is one.
+type Observer interface{ Observe(float64) }
+
+// Config is the network side's configuration. Validate fills defaults.
+type Config struct {
+	Backend     Backend
+	Limits      codec.Limits
+	MaxConns    int // open connections; more are accepted and closed at once
+	MaxInflight int // unanswered requests per connection before it stops being read
+	MaxOutbound int // unsent answer bytes per connection before it stops being read
+	Loops       int // event loops; 0: one per core
+	Logger      *zap.Logger
+	Latency     Observer // optional: time from read to write of each batch
+}
+
+// Defaults, chosen so that one connection costs bounded memory: 4,096
+// waiting acquires and 1 MiB of unsent answers at most.
+const (
+	DefaultMaxInflight = 4096
+	DefaultMaxOutbound = 1 << 20
+	maxBatch           = 256 // frames handed to the Backend at once
+)
+
+func (c *Config) validate() error {
+	if c.Backend == nil {
+		return errors.New("netloop: no backend")
+	}
+	if c.MaxConns <= 0 {
+		return errors.New("netloop: MaxConns must be positive")
+	}
+	if c.MaxInflight <= 0 {
+		c.MaxInflight = DefaultMaxInflight
+	}
+	if c.MaxOutbound <= 0 {
+		c.MaxOutbound = DefaultMaxOutbound
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// Stats are cumulative counters and gauges of the network side; they are
+// read without stopping it.
+type Stats struct {
+	Conns       int64 // open now
+	Accepted    int64
+	Refused     int64 // closed at once: MaxConns reached or out of descriptors
+	Acquires    int64
+	Releases    int64
+	BadFrames   int64
+	Paused      int64 // times a connection stopped being read
+	LateAnswers int64 // answers written through a mailbox
+	Orphans     int64 // grants released because their connection had gone
+}
+
+// Server is the network side of one ticketd process.
+type Server struct {
+	cfg    Config
+	log    *zap.Logger
+	cli    *gnet.Client
+	ln     net.Listener
+	reg    registry
+	nextID atomic.Uint64
+
+	conns, accepted, refused      atomic.Int64
+	acquires, releases, badFrames atomic.Int64
+	paused, late, orphans         atomic.Int64
+
+	outPool sync.Pool // *[]byte answer buffers for one OnTraffic
+	reqPool sync.Pool // *[]codec.Request
+
+	parked   parkedSet
+	stopOnce sync.Once
+	done     chan struct{}
+	acceptWG sync.WaitGroup
+}
+
+// New prepares a server; Serve starts it.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	s.reg.init()
+	s.parked.init()
+	s.outPool.New = func() any { b := make([]byte, 0, 16<<10); return &b }
+	s.reqPool.New = func() any { r := make([]codec.Request, 0, maxBatch); return &r }
+	opts := []gnet.Option{
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithLogger(cfg.Logger.Sugar()),
+		gnet.WithTCPKeepAlive(time.Minute),
+	}
+	if cfg.Loops > 0 {
+		opts = append(opts, gnet.WithNumEventLoop(cfg.Loops))
+	} else {
+		opts = append(opts, gnet.WithMulticore(true))
+	}
+	cli, err := gnet.NewClient(&handler{s: s}, opts...)
+	if err != nil {
+		return nil, err
+	}
+	s.cli = cli
+	return s, nil
+}
+
+// Serve starts the event loops and accepts connections from ln until Stop.
+// It returns once the loops run; accepting goes on in the background.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.cli.Start(); err != nil {
+		return err
+	}
+	s.ln = ln
+	s.acceptWG.Add(2)
+	go s.acceptLoop()
+	go s.parkedLoop()
+	return nil
+}
+
+// StopAccepting closes the listener; open connections keep being served.
+func (s *Server) StopAccepting() {
+	if s.ln != nil {
+		_ = s.ln.Close()
+	}
+}
+
+// Stop closes the listener and every connection, after writing what their
+// mailboxes hold. It waits at most until ctx ends.
+func (s *Server) Stop(ctx context.Context) error {
+	var err error
+	s.stopOnce.Do(func() {
+		s.StopAccepting()
+		close(s.done)
+		s.acceptWG.Wait()
+		s.drainMailboxes(ctx)
+		err = s.cli.Stop()
+	})
+	return err
+}
+
+// drainMailboxes gives late answers already posted (the T of waiters
+// answered at shutdown) a chance to reach their sockets before close.
+func (s *Server) drainMailboxes(ctx context.Context) {
+	for {
+		pending := false
+		s.reg.each(func(c *Conn) {
+			c.mu.Lock()
+			if len(c.mail) > 0 {
+				pending = true
+			}
+			c.mu.Unlock()
+		})
+		if !pending {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Conn returns the open connection with that id, or nil.
+func (s *Server) Conn(id uint64) *Conn { return s.reg.get(id) }
+
+// Stats reads the counters.
+func (s *Server) Stats() Stats {
+	return Stats{
+		Conns:       s.conns.Load(),
+		Accepted:    s.accepted.Load(),
+		Refused:     s.refused.Load(),
+		Acquires:    s.acquires.Load(),
+		Releases:    s.releases.Load(),
+		BadFrames:   s.badFrames.Load(),
+		Paused:      s.paused.Load(),
+		LateAnswers: s.late.Load(),
+		Orphans:     s.orphans.Load(),
+	}
+}
+
+// Addr is the listening address.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
