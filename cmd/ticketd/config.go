@@ -1,0 +1,160 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+)
+
+// config is the server's configuration, checked once at start.
+type config struct {
+	listen           string
+	dataDir          string
+	shards           int
+	sweepInterval    time.Duration
+	maxLease         time.Duration
+	maxWait          time.Duration
+	maxWaitersPerKey int
+	maxWaiters       int
+	maxKeys          int
+	maxConns         int
+	maxInflight      int
+	loops            int
+	logLevel         string
+	logFormat        string
+	admin            string
+	version          bool
+
+	level zapcore.Level
+}
+
+// descriptorReserve is kept free of client connections for the listener,
+// the data dir's files, the admin listener and the event loops' pollers.
+const descriptorReserve = 256
+
+// usageError is a bad flag value: the message names the flag.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func parseConfig(args []string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("ticketd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:7411", "TCP address to serve the protocol on (port 0 picks a free port)")
+	fs.StringVar(&c.dataDir, "data-dir", "./ticketd-data", "directory for the durable state (token and lease ceilings, shutdown snapshot)")
+	fs.IntVar(&c.shards, "shards", 16, "number of lock-table shards (keys map to shards by a stable hash)")
+	fs.DurationVar(&c.sweepInterval, "sweep-interval", 5*time.Second, "how often expired keys without waiters are deleted")
+	fs.DurationVar(&c.maxLease, "max-lease", time.Hour, "largest lease_ms accepted")
+	fs.DurationVar(&c.maxWait, "max-wait", time.Hour, "largest wait_ms accepted")
+	fs.IntVar(&c.maxWaitersPerKey, "max-waiters-per-key", 100_000, "queued acquires per key before B")
+	fs.IntVar(&c.maxWaiters, "max-waiters", 1_000_000, "queued acquires in the server before B")
+	fs.IntVar(&c.maxKeys, "max-keys", 10_000_000, "registered keys in the server before B")
+	fs.IntVar(&c.maxConns, "max-conns", 0, "open connections; more are refused (default: the descriptor limit less a reserve)")
+	fs.IntVar(&c.maxInflight, "max-inflight", 4096, "unanswered requests per connection before it stops being read")
+	fs.IntVar(&c.loops, "loops", 0, "event loops (default: one per core)")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "console", "console or json")
+	fs.StringVar(&c.admin, "admin", "", "address of the admin HTTP listener (pprof, metrics, health); off unless given")
+	fs.BoolVar(&c.version, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		// The flag package names the flag in its message.
+		return nil, usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError{fmt.Sprintf("unexpected argument %q (flags start with --)", fs.Arg(0))}
+	}
+	return c, c.validate()
+}
+
+func (c *config) validate() error {
+	bad := func(flag, format string, args ...any) error {
+		return usageError{fmt.Sprintf("invalid --%s: %s", flag, fmt.Sprintf(format, args...))}
+	}
+	if c.version {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.listen); err != nil {
+		return bad("listen", "%q is not host:port", c.listen)
+	}
+	if c.admin != "" {
+		if _, _, err := net.SplitHostPort(c.admin); err != nil {
+			return bad("admin", "%q is not host:port", c.admin)
+		}
+	}
+	if strings.TrimSpace(c.dataDir) == "" {
+		return bad("data-dir", "must not be empty")
+	}
+	if c.shards < 1 || c.shards > 4096 {
+		return bad("shards", "%d is not between 1 and 4096", c.shards)
+	}
+	if c.sweepInterval <= 0 {
+		return bad("sweep-interval", "%v must be positive", c.sweepInterval)
+	}
+	if c.maxLease < time.Millisecond {
+		return bad("max-lease", "%v must be at least 1ms", c.maxLease)
+	}
+	if c.maxWait < 0 {
+		return bad("max-wait", "%v must not be negative", c.maxWait)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"max-waiters-per-key", c.maxWaitersPerKey},
+		{"max-waiters", c.maxWaiters},
+		{"max-keys", c.maxKeys},
+		{"max-inflight", c.maxInflight},
+	} {
+		if f.v < 1 {
+			return bad(f.name, "%d must be at least 1", f.v)
+		}
+	}
+	if c.loops < 0 || c.loops > 1024 {
+		return bad("loops", "%d is not between 0 and 1024", c.loops)
+	}
+	if err := c.level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return bad("log-level", "%q is not debug, info, warn or error", c.logLevel)
+	}
+	if c.logFormat != "console" && c.logFormat != "json" {
+		return bad("log-format", "%q is not console or json", c.logFormat)
+	}
+	limit := descriptorLimit()
+	fit := int(limit) - descriptorReserve
+	switch {
+	case c.maxConns < 0:
+		return bad("max-conns", "%d must not be negative", c.maxConns)
+	case c.maxConns == 0:
+		c.maxConns = max(fit, 16)
+	case c.maxConns > fit:
+		return bad("max-conns", "%d does not fit under the process's descriptor limit of %d (at most %d; raise `ulimit -n` first)", c.maxConns, limit, fit)
+	}
+	return nil
+}
+
+// descriptorLimit raises the soft descriptor limit to the hard one and
+// returns it.
+func descriptorLimit() uint64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 1024
+	}
+	if rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+		_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+	return rl.Cur
+}
+
+func ms(d time.Duration) uint64 { return uint64(d / time.Millisecond) }
