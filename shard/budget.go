@@ -2,9 +2,10 @@ package shard
 
 import "sync/atomic"
 
-// Budget is a count of registered keys shared by several tables, each on its own
-// goroutine: it is safe for concurrent use. A table takes one unit when it registers a key
-// and gives it back when the key is deleted.
+// Budget is a count of registered keys (or queued acquires) shared by several tables, each
+// on its own goroutine: it is safe for concurrent use. A table takes one unit when it
+// registers a key (queues an acquire) and gives it back when the key is deleted (the acquire
+// leaves its queue).
 type Budget struct {
 	n   atomic.Int64
 	max int64

@@ -80,13 +80,15 @@
 //
 // # Memory
 //
-// Keys live in a map from string to entry, looked up with m[string(b)], which does not
-// allocate. A released key without waiters stays in the map as an unregistered tombstone
-// (not state, not in snapshots), so the next acquire of it allocates nothing; at most
-// Config.MaxTombstones of them are kept (default 65536), beyond that a released key
-// leaves the map at once, and Sweep drops them all. Entries and waiters that leave are
-// kept on small free lists with their key and owner buffers, so acquire, release,
-// queueing and hand-over allocate nothing in steady state. A queued acquire copies its
+// Keys live in keyIndex, an open-addressing hash table whose deletes leave no tombstones
+// (see keyindex.go for why not a Go map). A key of up to 48 bytes is stored inside its entry.
+// A released key without waiters leaves the index at once by default: the live set then
+// stays small and in cache, which measured 2.7x faster on the uncontended server benchmark
+// (acquire+release over a million keys) than keeping released keys for reuse. Keeping
+// them is still possible (Config.MaxTombstones: unregistered entries, not state, not in
+// snapshots, dropped by Sweep). Entries and waiters that leave are kept on small free lists
+// with their key and owner buffers, so acquire, release, queueing and hand-over allocate
+// nothing in steady state. A queued acquire copies its
 // owner (it outlives the request buffer); its key is its entry's.
 //
 // # Snapshots

@@ -9,9 +9,15 @@ import (
 func checkTable(t *Table) error {
 	nkeys, nwait, ntomb := 0, 0, 0
 	timers := 0
-	for k, e := range t.keys {
-		if k != string(e.key) {
-			return fmt.Errorf("map key %q holds entry %q", k, e.key)
+	var ents []*entry
+	t.keys.each(func(e *entry) { ents = append(ents, e) })
+	if len(ents) != t.keys.len() {
+		return fmt.Errorf("key index holds %d entries, counts %d", len(ents), t.keys.len())
+	}
+	for _, e := range ents {
+		k := string(e.key)
+		if t.keys.get(e.key) != e {
+			return fmt.Errorf("key index does not find %q", k)
 		}
 		if !e.live {
 			ntomb++

@@ -335,18 +335,18 @@ func fmtCommand(c *Command) string {
 // dumpTable lists the registered keys in key order with holder and queue.
 func dumpTable(t *Table) []string {
 	var keys []string
-	for k, e := range t.keys {
+	t.keys.each(func(e *entry) {
 		if e.live {
-			keys = append(keys, k)
+			keys = append(keys, string(e.key))
 		}
-	}
+	})
 	slices.Sort(keys)
 	if len(keys) == 0 {
 		return []string{"(no keys)"}
 	}
 	var r []string
 	for _, k := range keys {
-		e := t.keys[k]
+		e := t.keys.get([]byte(k))
 		holder := fmt.Sprintf("token=%d", e.token)
 		if e.token == 0 {
 			holder = "grace"

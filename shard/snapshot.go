@@ -39,11 +39,11 @@ var errNotEmpty = errors.New("shard: ReadSnapshot into a table that is not empty
 // counter) to w. The same state always gives the same bytes.
 func (t *Table) WriteSnapshot(w io.Writer) error {
 	ents := make([]*entry, 0, t.nkeys)
-	for _, e := range t.keys {
+	t.keys.each(func(e *entry) {
 		if e.live {
 			ents = append(ents, e)
 		}
-	}
+	})
 	slices.SortFunc(ents, func(a, b *entry) int { return bytes.Compare(a.key, b.key) })
 
 	crc := crc32.New(castagnoli)
@@ -120,18 +120,24 @@ func (t *Table) ReadSnapshot(r io.Reader) error {
 }
 
 func (t *Table) dropTombstones() {
-	for k, e := range t.keys {
+	var tombs []*entry
+	t.keys.each(func(e *entry) {
 		if !e.live {
-			delete(t.keys, k)
-			t.ntomb--
-			t.freeEntry(e)
+			tombs = append(tombs, e)
 		}
+	})
+	for _, e := range tombs {
+		t.keys.del(e)
+		t.ntomb--
+		t.freeEntry(e)
 	}
 }
 
 // reset empties a table after a failed load.
 func (t *Table) reset() {
-	for k, e := range t.keys {
+	var all []*entry
+	t.keys.each(func(e *entry) { all = append(all, e) })
+	for _, e := range all {
 		for e.head != nil {
 			t.removeWaiter(e.head)
 		}
@@ -140,7 +146,7 @@ func (t *Table) reset() {
 		} else {
 			t.ntomb--
 		}
-		delete(t.keys, k)
+		t.keys.del(e)
 		t.freeEntry(e)
 	}
 	t.last, t.ceiling, t.maxDeadline, t.grace, t.nextID = 0, 0, 0, 0, 0
@@ -201,7 +207,7 @@ func (t *Table) decode(b []byte) error {
 		}
 		prev = key
 		e := t.newEntry(key)
-		t.keys[e.mapKey()] = e
+		t.keys.put(e)
 		e.live, e.token, e.deadline = true, token, deadline
 		t.nkeys++
 		if t.cfg.Keys != nil {
@@ -224,6 +230,9 @@ func (t *Table) decode(b []byte) error {
 			w.wait = d.varint()
 			w.id = d.uvarint()
 			t.link(e, w)
+			if t.cfg.Waiters != nil {
+				t.cfg.Waiters.force()
+			}
 			if w.id >= nextID || node > 1<<32-1 {
 				d.bad = true
 			}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"math"
 	"slices"
-	"unsafe"
 )
 
 // Requester names who asked, so the owner of that connection can deliver a late answer.
@@ -77,8 +76,8 @@ type Answer struct {
 }
 
 // DefaultMaxTombstones is how many released keys a table keeps for reuse when
-// Config.MaxTombstones is 0.
-const DefaultMaxTombstones = 1 << 16
+// Config.MaxTombstones is 0: none (see Memory in the package doc).
+const DefaultMaxTombstones = 0
 
 // maxFree bounds each free list: enough to absorb churn, small enough that a burst does not
 // pin its memory for good.
@@ -90,11 +89,12 @@ type Config struct {
 	MaxWaitersPerKey int     // 0: unlimited
 	MaxWaiters       int     // queued acquires in this table; 0: unlimited
 	Keys             *Budget // optional key budget shared by several tables (single mode: server-wide --max-keys); must be nil when Replicated
+	Waiters          *Budget // optional waiter budget shared likewise (single mode: server-wide --max-waiters); must be nil when Replicated
 	Replicated       bool    // cluster mode: leases end only by OpExpire, waits only by OpWaitTimeout; never compare now with deadlines in Apply
 	// ReserveTokens is called when the next token would pass the current ceiling; it returns a
 	// new ceiling (single mode persists a block first). nil: no ceiling.
 	ReserveTokens func(next uint64) uint64
-	// MaxTombstones bounds the released keys kept in the map for reuse (not state, only a
+	// MaxTombstones bounds the released keys kept in the index for reuse (not state, only a
 	// cache). 0: DefaultMaxTombstones; negative: keep none.
 	MaxTombstones int
 }
@@ -125,7 +125,10 @@ type entry struct {
 	head     *waiter
 	tail     *waiter
 	nwait    int
-	hidx     int // lease timer's heap position, -1: none
+	hidx     int    // lease timer's heap position, -1: none
+	hash     uint64 // of key, while in the key index
+	ext      []byte // buffer for keys longer than inl, kept for reuse
+	inl      [inlineKey]byte
 	live     bool
 }
 
@@ -156,7 +159,7 @@ type Table struct {
 
 	// State, all in snapshots: the live entries of keys with their queues, and the
 	// fields marked so.
-	keys        map[string]*entry
+	keys        keyIndex
 	last        uint64 // last token granted (snapshot)
 	maxDeadline int64  // (snapshot)
 	grace       int64  // no unregistered key is granted before this (snapshot)
@@ -174,16 +177,17 @@ type Table struct {
 	freeE   []*entry
 	freeW   []*waiter
 	st      Stats
-	due     []int // scratch for Due
+	due     []int    // scratch for Due
+	gone    []*entry // scratch for Sweep
 }
 
 // New returns an empty table. It panics on a Config that cannot work: a shared key Budget
 // in Replicated mode (another table's state would make replicas answer differently).
 func New(cfg Config) *Table {
-	if cfg.Replicated && cfg.Keys != nil {
-		panic("shard: Config.Keys must be nil in Replicated mode")
+	if cfg.Replicated && (cfg.Keys != nil || cfg.Waiters != nil) {
+		panic("shard: Config.Keys and Config.Waiters must be nil in Replicated mode")
 	}
-	t := &Table{cfg: cfg, keys: make(map[string]*entry), conns: make(map[connID]*waiter)}
+	t := &Table{cfg: cfg, keys: newKeyIndex(), conns: make(map[connID]*waiter)}
 	switch {
 	case cfg.MaxTombstones == 0:
 		t.maxTomb = DefaultMaxTombstones
@@ -217,14 +221,18 @@ func (t *Table) Apply(now int64, c *Command, out []Answer) []Answer {
 }
 
 func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
-	e := t.keys[string(c.Key)]
+	e := t.keys.get(c.Key)
 	if e == nil || !e.live {
 		if now < t.grace {
 			// Grace: the key counts as held by a phantom (token 0) until t.grace.
 			if c.WaitMs == 0 {
 				return t.refuse(out, c, TimedOut)
 			}
-			if !t.waiterRoom(nil) || !t.takeKey() {
+			if !t.waiterRoom(nil) {
+				return t.refuse(out, c, Busy)
+			}
+			if !t.takeKey() {
+				t.putWaiter()
 				return t.refuse(out, c, Busy)
 			}
 			e = t.register(e, c.Key)
@@ -258,7 +266,7 @@ func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 }
 
 func (t *Table) release(now int64, c *Command, out []Answer) []Answer {
-	e := t.keys[string(c.Key)]
+	e := t.keys.get(c.Key)
 	if e == nil || !e.live || e.token == 0 || e.token != c.Token {
 		t.st.NotReleased++
 		return append(out, Answer{To: c.From, Result: NotReleased, Token: c.Token, Key: c.Key})
@@ -273,7 +281,7 @@ func (t *Table) release(now int64, c *Command, out []Answer) []Answer {
 }
 
 func (t *Table) expire(now int64, c *Command, out []Answer) []Answer {
-	e := t.keys[string(c.Key)]
+	e := t.keys.get(c.Key)
 	if e == nil || !e.live || e.token != c.Token {
 		return out // stale: the lease already ended or the key changed hands
 	}
@@ -396,24 +404,31 @@ func (t *Table) Due(now int64, out []Command) []Command {
 // It also drops every tombstone. In Replicated mode it only drops tombstones (which are not
 // state) and returns 0: keys there end by OpExpire.
 func (t *Table) Sweep(now int64) (removed int) {
-	for k, e := range t.keys {
+	gone := t.gone[:0]
+	t.keys.each(func(e *entry) {
+		if !e.live || (!t.cfg.Replicated && e.nwait == 0 && e.deadline <= now) {
+			gone = append(gone, e)
+		}
+	})
+	for i, e := range gone {
+		gone[i] = nil
+		t.keys.del(e)
 		if !e.live {
-			delete(t.keys, k)
 			t.ntomb--
 			t.freeEntry(e)
-			continue
-		}
-		if t.cfg.Replicated || e.nwait > 0 || e.deadline > now {
 			continue
 		}
 		if e.token != 0 {
 			t.st.Expiries++
 		}
 		t.drop(e)
-		delete(t.keys, k)
 		t.freeEntry(e)
 		removed++
 	}
+	if cap(gone) > 4096 {
+		gone = nil // a large sweep must not pin its scratch
+	}
+	t.gone = gone[:0]
 	t.st.Swept += uint64(removed)
 	return removed
 }
@@ -547,7 +562,8 @@ func (t *Table) takeKey() bool {
 	return t.cfg.Keys == nil || t.cfg.Keys.take()
 }
 
-// waiterRoom reports whether one more acquire may queue on e (nil: a key not yet registered).
+// waiterRoom reports whether one more acquire may queue on e (nil: a key not yet registered),
+// and if so takes its unit of the shared waiter budget; removeWaiter gives it back.
 func (t *Table) waiterRoom(e *entry) bool {
 	if t.cfg.MaxWaiters > 0 && t.nwait >= t.cfg.MaxWaiters {
 		return false
@@ -555,7 +571,13 @@ func (t *Table) waiterRoom(e *entry) bool {
 	if t.cfg.MaxWaitersPerKey > 0 && e != nil && e.nwait >= t.cfg.MaxWaitersPerKey {
 		return false
 	}
-	return true
+	return t.cfg.Waiters == nil || t.cfg.Waiters.take()
+}
+
+func (t *Table) putWaiter() {
+	if t.cfg.Waiters != nil {
+		t.cfg.Waiters.put()
+	}
 }
 
 // register makes a live entry for key: the tombstone e if there is one, else a new entry in
@@ -565,7 +587,7 @@ func (t *Table) register(e *entry, key []byte) *entry {
 		t.ntomb--
 	} else {
 		e = t.newEntry(key)
-		t.keys[e.mapKey()] = e
+		t.keys.put(e)
 	}
 	e.live = true
 	t.nkeys++
@@ -580,7 +602,7 @@ func (t *Table) unregister(e *entry) {
 		t.ntomb++
 		return
 	}
-	delete(t.keys, e.mapKey())
+	t.keys.del(e)
 	t.freeEntry(e)
 }
 
@@ -597,12 +619,6 @@ func (t *Table) drop(e *entry) {
 	}
 }
 
-// mapKey is the map's key for e: a string over e.key's bytes, which are never written while
-// the entry is in the map (an entry's buffer is reused only after it left the map).
-func (e *entry) mapKey() string {
-	return unsafe.String(unsafe.SliceData(e.key), len(e.key))
-}
-
 func (t *Table) newEntry(key []byte) *entry {
 	var e *entry
 	if n := len(t.freeE); n > 0 {
@@ -612,9 +628,19 @@ func (t *Table) newEntry(key []byte) *entry {
 	} else {
 		e = &entry{hidx: -1}
 	}
-	e.key = append(e.key[:0], key...)
+	if len(key) <= len(e.inl) {
+		e.key = e.inl[:len(key)]
+		copy(e.key, key)
+	} else {
+		e.ext = append(e.ext[:0], key...)
+		e.key = e.ext
+	}
 	return e
 }
+
+// inlineKey bytes of a key live inside its entry, so that comparing a key
+// after a lookup touches no other cache line; longer keys get a buffer.
+const inlineKey = 48
 
 func (t *Table) freeEntry(e *entry) {
 	if len(t.freeE) < maxFree {
@@ -681,6 +707,7 @@ func (t *Table) removeWaiter(w *waiter) {
 	}
 	e.nwait--
 	t.nwait--
+	t.putWaiter()
 
 	if w.cprev != nil {
 		w.cprev.cnext = w.cnext

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 )
@@ -185,11 +186,11 @@ func TestTombstonesBounded(t *testing.T) {
 		k := fmt.Sprintf("k%d", i)
 		rel(tb, 0, k, acq(tb, 0, 1, 1, k, 1000, 0)[0].Token)
 	}
-	if len(tb.keys) != 4 || tb.ntomb != 4 {
-		t.Fatalf("map holds %d entries, %d tombstones; want 4", len(tb.keys), tb.ntomb)
+	if tb.keys.len() != 4 || tb.ntomb != 4 {
+		t.Fatalf("map holds %d entries, %d tombstones; want 4", tb.keys.len(), tb.ntomb)
 	}
-	if n := tb.Sweep(0); n != 0 || len(tb.keys) != 0 {
-		t.Fatalf("sweep: %d removed, %d left in the map", n, len(tb.keys))
+	if n := tb.Sweep(0); n != 0 || tb.keys.len() != 0 {
+		t.Fatalf("sweep: %d removed, %d left in the map", n, tb.keys.len())
 	}
 }
 
@@ -318,5 +319,43 @@ func TestTimeoutWaitersKeepsHolders(t *testing.T) {
 	out = tb.Apply(1, &Command{Op: OpRelease, Key: []byte("k"), Token: tok}, nil)
 	if len(out) != 1 || out[0].Result != Released {
 		t.Fatalf("holder's release: %+v", out)
+	}
+}
+
+func TestKeyIndexAgainstMap(t *testing.T) {
+	x := newKeyIndex()
+	ref := map[string]*entry{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 200000; i++ {
+		k := fmt.Sprintf("k%d", rng.IntN(3000))
+		if e := ref[k]; e != nil {
+			if got := x.get([]byte(k)); got != e {
+				t.Fatalf("step %d: get %q = %p, want %p", i, k, got, e)
+			}
+			if rng.IntN(2) == 0 {
+				x.del(e)
+				delete(ref, k)
+			}
+			continue
+		}
+		if got := x.get([]byte(k)); got != nil {
+			t.Fatalf("step %d: get of absent %q found %p", i, k, got)
+		}
+		e := &entry{key: []byte(k)}
+		x.put(e)
+		ref[k] = e
+	}
+	if x.len() != len(ref) {
+		t.Fatalf("len %d, want %d", x.len(), len(ref))
+	}
+	seen := 0
+	x.each(func(e *entry) {
+		seen++
+		if ref[string(e.key)] != e {
+			t.Fatalf("each yields %q that the reference does not hold", e.key)
+		}
+	})
+	if seen != len(ref) {
+		t.Fatalf("each saw %d, want %d", seen, len(ref))
 	}
 }

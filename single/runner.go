@@ -31,9 +31,10 @@ type Options struct {
 	Shards           int
 	MaxKeys          int // server-wide; 0: unlimited
 	MaxWaitersPerKey int
-	MaxWaiters       int // server-wide; split evenly over shards
+	MaxWaiters       int // server-wide; 0: unlimited
 	SweepInterval    time.Duration
 	Logger           *zap.Logger
+	SweepObserver    netloop.Observer // optional: seconds per sweep
 }
 
 const (
@@ -43,7 +44,7 @@ const (
 	// leaseStep is how far past the latest granted deadline the durable
 	// lease ceiling is pushed per synced write: one write per leaseStep of
 	// progress, and at most leaseStep of extra grace after a crash.
-	leaseStep = int64(10 * time.Second)
+	leaseStep = int64(2 * time.Second)
 )
 
 // part is one shard: its table and the scratch space used under its lock.
@@ -73,9 +74,6 @@ type Runner struct {
 
 	leaseMu   sync.Mutex
 	leaseCeil atomic.Int64
-
-	sweeps     atomic.Int64
-	sweepNanos atomic.Int64
 
 	closing  atomic.Bool
 	wake     chan struct{}
@@ -117,15 +115,11 @@ func Open(opt Options) (*Runner, error) {
 	return r, nil
 }
 
-func (r *Runner) newTable(i int, keys *shard.Budget) *shard.Table {
-	waiters := 0
-	if r.opt.MaxWaiters > 0 {
-		waiters = (r.opt.MaxWaiters + r.opt.Shards - 1) / r.opt.Shards
-	}
+func (r *Runner) newTable(i int, keys, waiters *shard.Budget) *shard.Table {
 	return shard.New(shard.Config{
 		MaxWaitersPerKey: r.opt.MaxWaitersPerKey,
-		MaxWaiters:       waiters,
 		Keys:             keys,
+		Waiters:          waiters,
 		ReserveTokens: func(next uint64) uint64 {
 			ceil := next + tokenBlock
 			if err := r.store.setUint(tokenKey(i), ceil); err != nil {
@@ -140,13 +134,10 @@ func (r *Runner) newTable(i int, keys *shard.Budget) *shard.Table {
 
 func (r *Runner) load() error {
 	n := r.opt.Shards
-	var keys *shard.Budget
-	if r.opt.MaxKeys > 0 {
-		keys = shard.NewBudget(r.opt.MaxKeys)
-	}
+	keys, waiters := shard.NewBudget(r.opt.MaxKeys), shard.NewBudget(r.opt.MaxWaiters)
 	r.parts = make([]*part, n)
 	for i := range r.parts {
-		r.parts[i] = &part{t: r.newTable(i, keys)}
+		r.parts[i] = &part{t: r.newTable(i, keys, waiters)}
 	}
 
 	// Tokens restart above every reservation ever made, on any shard, so
@@ -450,8 +441,9 @@ func (r *Runner) sweepLoop() {
 			}
 			p.mu.Unlock()
 		}
-		r.sweeps.Add(1)
-		r.sweepNanos.Add(int64(time.Since(start)))
+		if r.opt.SweepObserver != nil {
+			r.opt.SweepObserver.Observe(time.Since(start).Seconds())
+		}
 		if removed > 0 {
 			r.log.Debug("sweep", zap.Int("removed", removed), zap.Duration("took", time.Since(start)))
 		}
@@ -496,6 +488,29 @@ func (r *Runner) unlockAll() {
 	for _, p := range r.parts {
 		p.mu.Unlock()
 	}
+}
+
+// Stats sums the tables' figures; it takes each shard's lock in turn.
+func (r *Runner) Stats() shard.Stats {
+	var sum shard.Stats
+	for _, p := range r.parts {
+		p.mu.Lock()
+		s := p.t.Stats()
+		p.mu.Unlock()
+		sum.Keys += s.Keys
+		sum.Waiters += s.Waiters
+		sum.LastToken = max(sum.LastToken, s.LastToken)
+		sum.Grants += s.Grants
+		sum.HandOvers += s.HandOvers
+		sum.Expiries += s.Expiries
+		sum.TimedOut += s.TimedOut
+		sum.Busy += s.Busy
+		sum.Released += s.Released
+		sum.NotReleased += s.NotReleased
+		sum.Swept += s.Swept
+		sum.Withdrawn += s.Withdrawn
+	}
+	return sum
 }
 
 // Close releases the data dir without a snapshot (start-up failures).

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
+	"path/filepath"
 	"syscall"
 
 	"github.com/cockroachdb/pebble"
@@ -16,8 +16,9 @@ import (
 // table. Writes are synced; there are few of them (one per token block, one
 // per lease step, one snapshot).
 type store struct {
-	db  *pebble.DB
-	dir string
+	db   *pebble.DB
+	dir  string
+	lock *os.File
 }
 
 var (
@@ -35,6 +36,19 @@ func openStore(dir string) (*store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", dir, err)
 	}
+	// Our own lock, taken before pebble's: pebble's error path when its lock
+	// is held panics in this version instead of returning the error.
+	lock, err := os.OpenFile(filepath.Join(dir, "ticketd.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("cannot open data dir %q: %w", dir, err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %q (stop the other ticketd or use another --data-dir)", ErrDataDirInUse, dir)
+		}
+		return nil, fmt.Errorf("cannot lock data dir %q: %w", dir, err)
+	}
 	opts := &pebble.Options{
 		MemTableSize:                1 << 20,
 		MemTableStopWritesThreshold: 2,
@@ -42,16 +56,17 @@ func openStore(dir string) (*store, error) {
 	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
-		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EWOULDBLOCK) ||
-			strings.Contains(err.Error(), "resource temporarily unavailable") {
-			return nil, fmt.Errorf("%w: %q (lock held; stop the other ticketd or use another --data-dir)", ErrDataDirInUse, dir)
-		}
+		_ = lock.Close()
 		return nil, fmt.Errorf("cannot open data dir %q (corrupt, or not a ticketd data dir?): %w", dir, err)
 	}
-	return &store{db: db, dir: dir}, nil
+	return &store{db: db, dir: dir, lock: lock}, nil
 }
 
-func (s *store) close() error { return s.db.Close() }
+func (s *store) close() error {
+	err := s.db.Close()
+	_ = s.lock.Close()
+	return err
+}
 
 func (s *store) getUint(key []byte) (uint64, bool, error) {
 	v, closer, err := s.db.Get(key)

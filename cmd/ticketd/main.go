@@ -56,6 +56,10 @@ func run(args []string, stderr io.Writer) int {
 }
 
 func serve(cfg *config, log *zap.Logger) error {
+	adm, err := startAdmin(cfg, log)
+	if err != nil {
+		return err
+	}
 	runner, err := single.Open(single.Options{
 		DataDir:          cfg.dataDir,
 		Shards:           cfg.shards,
@@ -64,8 +68,10 @@ func serve(cfg *config, log *zap.Logger) error {
 		MaxWaiters:       cfg.maxWaiters,
 		SweepInterval:    cfg.sweepInterval,
 		Logger:           log,
+		SweepObserver:    adm.sweeps(),
 	})
 	if err != nil {
+		adm.stop(context.Background())
 		return err
 	}
 	switch {
@@ -80,13 +86,8 @@ func serve(cfg *config, log *zap.Logger) error {
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		_ = runner.Close()
+		adm.stop(context.Background())
 		return fmt.Errorf("cannot listen on --listen %s: %w", cfg.listen, err)
-	}
-	adm, err := startAdmin(cfg, log)
-	if err != nil {
-		_ = ln.Close()
-		_ = runner.Close()
-		return err
 	}
 	srv, err := netloop.New(netloop.Config{
 		Backend:     runner,
