@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBadInput: every kind of bad frame gets exactly one "E <code> <text>"
+// line after the answers to the valid requests before it, then the close;
+// nothing after it is carried out and no lock state changes.
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, "--max-lease", "1m", "--max-wait", "10s")
+
+	// A bystander holds a key across all cases and must keep being served.
+	by := s.dial(t)
+	byTok := by.acquire("bystander", "by", 60000, 0)
+
+	// %[1]s is the key the bad frame names; %[2]s the key acquired just before it.
+	cases := []struct {
+		name, frame, code string
+	}{
+		{"empty line", "\n", "syntax"},
+		{"empty line crlf", "\r\n", "syntax"},
+		{"acquire with 3 fields", "A o %[1]s 1000\n", "syntax"},
+		{"acquire with 5 fields", "A o %[1]s 1000 0 0\n", "syntax"},
+		{"acquire alone", "A\n", "syntax"},
+		{"release with 1 field", "R 5\n", "syntax"},
+		{"release with 3 fields", "R 5 %[1]s x\n", "syntax"},
+		{"double space", "A o  %[1]s 1000 0\n", "syntax"},
+		{"double space in release", "R 5  %[1]s\n", "syntax"},
+		{"trailing space", "A o %[1]s 1000 0 \n", "syntax"},
+		{"lower-case acquire", "a o %[1]s 1000 0\n", "command"},
+		{"lower-case release", "r 5 %[2]s\n", "command"},
+		{"unknown command", "X o %[1]s 1000 0\n", "command"},
+		{"long command", "AA o %[1]s 1000 0\n", "command"},
+		{"word command", "RELEASE 5 %[2]s\n", "command"},
+		{"bad number lease", "A o %[1]s 10x0 0\n", "syntax"},
+		{"bad number wait", "A o %[1]s 1000 zero\n", "syntax"},
+		{"bad number token", "R 1.5 %[2]s\n", "syntax"},
+		{"hex token", "R 0x10 %[2]s\n", "syntax"},
+		{"exponent lease", "A o %[1]s 1e3 0\n", "syntax"},
+		{"leading zero lease", "A o %[1]s 01000 0\n", "syntax"},
+		{"leading zero wait", "A o %[1]s 1000 00\n", "syntax"},
+		{"leading zero token", "R 07 %[2]s\n", "syntax"},
+		{"plus sign", "A o %[1]s +1000 0\n", "syntax"},
+		{"minus sign", "A o %[1]s 1000 -1\n", "syntax"},
+		{"negative token", "R -1 %[2]s\n", "syntax"},
+		{"lease 0", "A o %[1]s 0 0\n", "range"},
+		{"lease above --max-lease", "A o %[1]s 60001 0\n", "range"},
+		{"lease above 2^64", "A o %[1]s 99999999999999999999999 0\n", "range"},
+		{"wait above --max-wait", "A o %[1]s 1000 10001\n", "range"},
+		{"token 0", "R 0 %[2]s\n", "range"},
+		{"token 2^64", "R 18446744073709551616 %[2]s\n", "range"},
+		{"token far above 2^64", "R 99999999999999999999999999 %[2]s\n", "range"},
+		{"key of 251 bytes", "A o " + strings.Repeat("k", 251) + " 1000 0\n", "syntax"},
+		{"release key of 251 bytes", "R 5 " + strings.Repeat("k", 251) + "\n", "syntax"},
+		{"owner of 129 bytes", "A " + strings.Repeat("o", 129) + " %[1]s 1000 0\n", "syntax"},
+		{"control byte in key", "A o %[1]s\x01 1000 0\n", "syntax"},
+		{"NUL in key", "A o %[1]s\x00 1000 0\n", "syntax"},
+		{"tab in key", "A o %[1]s\tx 1000 0\n", "syntax"},
+		{"DEL in owner", "A o\x7f %[1]s 1000 0\n", "syntax"},
+		{"CR inside a line", "A o %[1]s\r 1000 0\n", "syntax"},
+		{"CR CR LF", "A o %[1]s 1000 0\r\r\n", "syntax"},
+		{"control byte in release key", "R 5 %[2]s\x1b\n", "syntax"},
+		{"1024 bytes with LF", "A o k 1 0 " + strings.Repeat("x", 1024-len("A o k 1 0 ")-1) + "\n", "syntax"},
+		{"1024 bytes with CRLF", "A o k 1 0 " + strings.Repeat("x", 1024-len("A o k 1 0 ")-2) + "\r\n", "syntax"},
+		{"1025 bytes with CRLF", "A o k 1 0 " + strings.Repeat("x", 1025-len("A o k 1 0 ")-2) + "\r\n", "too-long"},
+		{"1025 bytes with LF", "A o k 1 0 " + strings.Repeat("x", 1025-len("A o k 1 0 ")-1) + "\n", "too-long"},
+		{"2000 bytes with LF", "A " + strings.Repeat("x", 1997) + "\n", "too-long"},
+		{"1025 bytes without newline", "A " + strings.Repeat("x", 1023), "too-long"},
+		{"1025 x without newline", strings.Repeat("x", 1025), "too-long"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			badKey := fmt.Sprintf("bad.%d", i)
+			preKey := fmt.Sprintf("pre.%d", i)
+			postKey := fmt.Sprintf("post.%d", i)
+			frame := tc.frame
+			if strings.Contains(frame, "%[") {
+				frame = fmt.Sprintf(frame, badKey, preKey)
+			}
+			c := s.dial(t)
+			// Valid requests, the bad frame and a valid request after it, in one write.
+			payload := acq("pre", preKey, 60000, 0) + "\n" + rel(maxToken, "nokey") + "\n" + frame
+			if strings.HasSuffix(frame, "\n") {
+				payload += acq("post", postKey, 60000, 0) + "\n"
+			}
+			c.sendRaw([]byte(payload))
+			line := c.next()
+			preTok, ok := parseAcquired(line, "pre", preKey)
+			if !ok {
+				t.Fatalf("want the answer to the acquire before the bad frame, got %q", line)
+			}
+			c.expect(notRel(maxToken, "nokey"))
+			c.expectError(tc.code)
+
+			k := s.dial(t)
+			// Nothing after the bad frame was carried out.
+			k.acquire("check", postKey, 1000, 0)
+			// The bad frame registered nothing.
+			k.acquire("check", badKey, 1000, 0)
+			// The valid acquire before it holds, by its token, whatever the bad frame said.
+			k.send(acq("check", preKey, 1000, 0), rel(preTok, preKey))
+			k.expect(timedOut("check", preKey), released(preTok, preKey))
+			// Other connections are untouched.
+			by.on(t).sync("by")
+		})
+	}
+
+	t.Run("queued acquire is withdrawn", func(t *testing.T) {
+		h := s.dial(t)
+		tok := h.acquire("h", "q", 60000, 0)
+		c := s.dial(t)
+		c.send(acq("w", "q", 60000, 10000))
+		c.sync("q")
+		c.send("A w q 0 0")
+		c.expectError("range")
+		time.Sleep(100 * time.Millisecond)
+		h.send(rel(tok, "q"))
+		h.expect(released(tok, "q"))
+		h.acquire("h", "q", 60000, 0)
+	})
+
+	t.Run("only one E for several bad frames", func(t *testing.T) {
+		c := s.dial(t)
+		c.send("a o k 1 0", "", "R 0 k", "X")
+		c.expectError("command")
+	})
+
+	by.send(acq("x", "by", 1000, 0), rel(byTok, "by"))
+	by.expect(timedOut("x", "by"), released(byTok, "by"))
+}

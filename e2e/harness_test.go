@@ -1,0 +1,533 @@
+// Package e2e runs the ticketd binary as a separate process and speaks the
+// wire protocol to it over loopback, as a client would.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	readTimeout  = 5 * time.Second  // default bound on any single answer
+	startTimeout = 15 * time.Second // build is done before; this covers opening the store
+	stopTimeout  = 10 * time.Second // SIGTERM to exit, before SIGKILL
+)
+
+// binPath is the server binary built once by TestMain.
+var binPath string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "ticketd-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	root, err := moduleRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	binPath = filepath.Join(dir, "ticketd")
+	build := exec.Command("go", "build", "-o", binPath, "./cmd/ticketd")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: go build ./cmd/ticketd: %v\n%s", err, out)
+		return 1
+	}
+	return m.Run()
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("not inside a Go module")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// ---- server process ----
+
+// server is one running ticketd process.
+type server struct {
+	t       testing.TB
+	cmd     *exec.Cmd
+	addr    string
+	dataDir string
+
+	mu     sync.Mutex
+	stderr bytes.Buffer // every line after "listening" (and before it)
+
+	done    chan struct{} // closed when the process has exited
+	waitErr error         // valid after done
+}
+
+// startServer starts ticketd on a fresh data dir with the given extra flags.
+func startServer(t testing.TB, flags ...string) *server {
+	t.Helper()
+	return startServerDir(t, t.TempDir(), flags...)
+}
+
+// startServerDir starts ticketd on dataDir; the caller may reuse the dir for a restart.
+func startServerDir(t testing.TB, dataDir string, flags ...string) *server {
+	t.Helper()
+	s, err := launch(t, dataDir, flags...)
+	if err != nil {
+		t.Fatalf("start ticketd: %v", err)
+	}
+	return s
+}
+
+func launch(t testing.TB, dataDir string, flags ...string) (*server, error) {
+	args := append([]string{"--listen", "127.0.0.1:0", "--log-format", "json", "--data-dir", dataDir}, flags...)
+	cmd := exec.Command(binPath, args...)
+	cmd.Stdout = io.Discard
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &server{t: t, cmd: cmd, dataDir: dataDir, done: make(chan struct{})}
+	addrc := make(chan string, 1)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		found := false
+		for sc.Scan() {
+			line := sc.Text()
+			s.mu.Lock()
+			s.stderr.WriteString(line)
+			s.stderr.WriteByte('\n')
+			s.mu.Unlock()
+			if found {
+				continue
+			}
+			var rec struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+				found = true
+				addrc <- rec.Addr
+			}
+		}
+	}()
+	go func() {
+		<-readerDone // Wait closes the pipe; read it all first
+		s.waitErr = cmd.Wait()
+		close(s.done)
+	}()
+	t.Cleanup(func() {
+		s.stop()
+		if t.Failed() {
+			t.Logf("ticketd (pid %d, data dir %s) stderr:\n%s", cmd.Process.Pid, dataDir, s.tail(80))
+		}
+	})
+	select {
+	case s.addr = <-addrc:
+		return s, nil
+	case <-s.done:
+		return nil, fmt.Errorf("ticketd exited before listening (%v); stderr:\n%s", s.waitErr, s.tail(40))
+	case <-time.After(startTimeout):
+		s.kill()
+		return nil, fmt.Errorf("no \"listening\" log line within %v; stderr:\n%s", startTimeout, s.tail(40))
+	}
+}
+
+func (s *server) pid() int { return s.cmd.Process.Pid }
+
+func (s *server) exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM and waits for the exit, with SIGKILL after stopTimeout.
+// It reports whether the process exited by itself in time.
+func (s *server) stop() bool {
+	if s.exited() {
+		return true
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+		return true
+	case <-time.After(stopTimeout):
+		s.t.Errorf("ticketd pid %d did not exit within %v of SIGTERM; killed", s.pid(), stopTimeout)
+		s.kill()
+		return false
+	}
+}
+
+// kill sends SIGKILL (a crash) and waits for the exit.
+func (s *server) kill() {
+	if s.exited() {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// exitCode is valid after the process exited; -1 for a signal death.
+func (s *server) exitCode() int {
+	<-s.done
+	return s.cmd.ProcessState.ExitCode()
+}
+
+func (s *server) tail(n int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lines := strings.Split(strings.TrimRight(s.stderr.String(), "\n"), "\n")
+	if len(lines) > n {
+		lines = append([]string{fmt.Sprintf("... (%d earlier lines)", len(lines)-n)}, lines[len(lines)-n:]...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// rssKiB reads VmRSS of the server process.
+func (s *server) rssKiB() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid()))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				return strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return 0, errors.New("no VmRSS line")
+}
+
+// runOnce runs ticketd to completion (for start-up failures) and returns its
+// exit code and combined output. A server that starts listening instead is
+// stopped and reported through listening=true.
+func runOnce(t testing.TB, timeout time.Duration, args ...string) (code int, out string, listening bool) {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	var buf syncBuffer
+	cmd.Stdout = &buf
+	cmd.Stderr = &buf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start ticketd: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	deadline := time.After(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return cmd.ProcessState.ExitCode(), buf.String(), false
+		case <-tick.C:
+			if isListening(buf.String()) {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				select {
+				case <-done:
+				case <-time.After(stopTimeout):
+					_ = cmd.Process.Kill()
+					<-done
+				}
+				return cmd.ProcessState.ExitCode(), buf.String(), true
+			}
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("ticketd %q neither exited nor listened within %v; output:\n%s", args, timeout, buf.String())
+		}
+	}
+}
+
+// isListening finds the "listening" log message in JSON or console format.
+func isListening(out string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, `"msg":"listening"`) {
+			return true
+		}
+		for _, f := range strings.Split(line, "\t") {
+			if f == "listening" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// ---- client connection ----
+
+// conn is one client connection; all reads are bounded by a deadline.
+type conn struct {
+	t testing.TB
+	c net.Conn
+	r *bufio.Reader
+}
+
+func (s *server) dial(t testing.TB) *conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", s.addr, readTimeout)
+	if err != nil {
+		t.Fatalf("dial %s: %v", s.addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &conn{t: t, c: c, r: bufio.NewReaderSize(c, 64<<10)}
+}
+
+func (c *conn) close() { c.c.Close() }
+
+// on returns the same connection reporting failures to t (for use in subtests).
+func (c *conn) on(t testing.TB) *conn {
+	c2 := *c
+	c2.t = t
+	return &c2
+}
+
+// send writes the lines, each with "\n", in one write.
+func (c *conn) send(lines ...string) {
+	c.t.Helper()
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteByte('\n')
+	}
+	c.sendRaw([]byte(b.String()))
+}
+
+func (c *conn) sendRaw(p []byte) {
+	c.t.Helper()
+	_ = c.c.SetWriteDeadline(time.Now().Add(readTimeout))
+	if _, err := c.c.Write(p); err != nil {
+		c.t.Fatalf("write %q: %v", clip(p), err)
+	}
+}
+
+// readLine reads one answer line (without "\n") within d.
+func (c *conn) readLine(d time.Duration) (string, error) {
+	_ = c.c.SetReadDeadline(time.Now().Add(d))
+	line, err := c.r.ReadString('\n')
+	if err != nil {
+		if line != "" {
+			return "", fmt.Errorf("%w (after partial line %q)", err, line)
+		}
+		return "", err
+	}
+	return strings.TrimSuffix(line, "\n"), nil
+}
+
+// next reads one answer within readTimeout.
+func (c *conn) next() string {
+	c.t.Helper()
+	line, err := c.readLine(readTimeout)
+	if err != nil {
+		c.t.Fatalf("reading an answer: %v", err)
+	}
+	return line
+}
+
+// expect reads len(want) answers and requires them in that order.
+func (c *conn) expect(want ...string) {
+	c.t.Helper()
+	for i, w := range want {
+		got, err := c.readLine(readTimeout)
+		if err != nil {
+			c.t.Fatalf("answer %d: want %q, got error %v", i+1, w, err)
+		}
+		if got != w {
+			c.t.Fatalf("answer %d: want %q, got %q", i+1, w, got)
+		}
+	}
+}
+
+// expectSet reads len(want) answers and requires them in any order.
+func (c *conn) expectSet(want ...string) {
+	c.t.Helper()
+	got := make([]string, 0, len(want))
+	for range want {
+		line, err := c.readLine(readTimeout)
+		if err != nil {
+			c.t.Fatalf("want answers %q (any order), got %q then error %v", want, got, err)
+		}
+		got = append(got, line)
+	}
+	if !sameSet(got, want) {
+		c.t.Fatalf("want answers %q (any order), got %q", want, got)
+	}
+}
+
+// expectNothing requires that no answer arrives within d.
+func (c *conn) expectNothing(d time.Duration) {
+	c.t.Helper()
+	line, err := c.readLine(d)
+	if err == nil {
+		c.t.Fatalf("want no answer within %v, got %q", d, line)
+	}
+	if !isTimeout(err) {
+		c.t.Fatalf("want no answer within %v, got error %v", d, err)
+	}
+}
+
+// expectClosed requires that the server closes the connection without
+// sending anything more.
+func (c *conn) expectClosed() {
+	c.t.Helper()
+	line, err := c.readLine(readTimeout)
+	switch {
+	case err == nil:
+		c.t.Fatalf("want the connection closed, got another line %q", line)
+	case isTimeout(err):
+		c.t.Fatalf("want the connection closed within %v, it stayed open", readTimeout)
+	case !isClosed(err):
+		c.t.Fatalf("want the connection closed, got error %v", err)
+	}
+}
+
+// expectError requires one "E <code> <text>" line, then the close.
+func (c *conn) expectError(code string) {
+	c.t.Helper()
+	line, err := c.readLine(readTimeout)
+	if err != nil {
+		c.t.Fatalf("want \"E %s ...\", got error %v", code, err)
+	}
+	if !strings.HasPrefix(line, "E "+code+" ") || len(line) <= len("E "+code+" ") {
+		c.t.Fatalf("want \"E %s <text>\", got %q", code, line)
+	}
+	c.expectClosed()
+}
+
+// sync is a barrier on key: a release with a token nobody holds changes
+// nothing and is answered after every earlier request of this connection on
+// the same key (same shard) has been carried out.
+func (c *conn) sync(key string) {
+	c.t.Helper()
+	c.send(rel(maxToken, key))
+	c.expect(notRel(maxToken, key))
+}
+
+// acquire sends one acquire and requires an immediate A; it returns the token.
+func (c *conn) acquire(owner, key string, leaseMs, waitMs int) uint64 {
+	c.t.Helper()
+	c.send(acq(owner, key, leaseMs, waitMs))
+	return c.expectAcquired(owner, key)
+}
+
+// expectAcquired reads one answer that must be "A <token> owner key".
+func (c *conn) expectAcquired(owner, key string) uint64 {
+	c.t.Helper()
+	line := c.next()
+	tok, ok := parseAcquired(line, owner, key)
+	if !ok {
+		c.t.Fatalf("want \"A <token> %s %s\", got %q", owner, key, line)
+	}
+	return tok
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, net.ErrClosed)
+}
+
+// ---- frames ----
+
+const maxToken uint64 = 1<<64 - 1
+
+func acq(owner, key string, leaseMs, waitMs int) string {
+	return fmt.Sprintf("A %s %s %d %d", owner, key, leaseMs, waitMs)
+}
+func rel(tok uint64, key string) string { return fmt.Sprintf("R %d %s", tok, key) }
+func acquired(tok uint64, owner, key string) string {
+	return fmt.Sprintf("A %d %s %s", tok, owner, key)
+}
+func timedOut(owner, key string) string      { return "T " + owner + " " + key }
+func busy(owner, key string) string          { return "B " + owner + " " + key }
+func released(tok uint64, key string) string { return fmt.Sprintf("R %d %s", tok, key) }
+func notRel(tok uint64, key string) string   { return fmt.Sprintf("N %d %s", tok, key) }
+
+// parseAcquired checks "A <token> owner key" and returns the token.
+func parseAcquired(line, owner, key string) (uint64, bool) {
+	f := strings.Split(line, " ")
+	if len(f) != 4 || f[0] != "A" || f[2] != owner || f[3] != key {
+		return 0, false
+	}
+	tok, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil || tok == 0 || f[1] != strconv.FormatUint(tok, 10) {
+		return 0, false
+	}
+	return tok, true
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	x := append([]string(nil), a...)
+	y := append([]string(nil), b...)
+	sort.Strings(x)
+	sort.Strings(y)
+	for i := range x {
+		if x[i] != y[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func clip(p []byte) string {
+	if len(p) > 80 {
+		return string(p[:80]) + fmt.Sprintf("...(%d bytes)", len(p))
+	}
+	return string(p)
+}
