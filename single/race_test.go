@@ -1,0 +1,5 @@
+//go:build race
+
+package single
+
+const raceEnabled = true

@@ -1,0 +1,192 @@
+package single
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/netloop"
+)
+
+// startInProcess runs a runner and a network side in this process, so that
+// tests can look at its allocations.
+func startInProcess(t testing.TB, dir string) (string, func()) {
+	t.Helper()
+	r, err := Open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := netloop.New(netloop.Config{Backend: r, MaxConns: 100, Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Attach(srv)
+	if err := srv.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	return ln.Addr().String(), func() {
+		srv.StopAccepting()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := r.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+		_ = srv.Stop(ctx)
+	}
+}
+
+// pairs drives acquire+release of keys k0..k(depth-1) over one connection,
+// depth frames per write, with buffers made once: what it allocates itself is
+// nothing, so the process's allocations are the server's.
+type pairs struct {
+	c     net.Conn
+	r     *bufio.Reader
+	req   []byte
+	toks  []uint64
+	depth int
+}
+
+func newPairs(t testing.TB, addr string, depth int) *pairs {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pairs{c: c, r: bufio.NewReaderSize(c, 64<<10), req: make([]byte, 0, 64<<10), toks: make([]uint64, depth), depth: depth}
+}
+
+var keyNames = func() [][]byte {
+	k := make([][]byte, 1024)
+	for i := range k {
+		k[i] = []byte("key-" + strconv.Itoa(i))
+	}
+	return k
+}()
+
+func (p *pairs) round(t testing.TB) {
+	var a codec.Answer
+	p.req = p.req[:0]
+	for i := 0; i < p.depth; i++ {
+		p.req = codec.AppendAcquire(p.req, []byte("owner"), keyNames[i], 30000, 0)
+	}
+	if _, err := p.c.Write(p.req); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < p.depth; i++ {
+		line, err := p.r.ReadSlice('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := codec.ParseAnswer(line, &a); err != nil || a.Kind != 'A' {
+			t.Fatalf("acquire %d: %q", i, line)
+		}
+		p.toks[i] = a.Token
+	}
+	p.req = p.req[:0]
+	for i := 0; i < p.depth; i++ {
+		p.req = codec.AppendRelease(p.req, p.toks[i], keyNames[i])
+	}
+	if _, err := p.c.Write(p.req); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < p.depth; i++ {
+		line, err := p.r.ReadSlice('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line[0] != 'R' {
+			t.Fatalf("release %d: %q", i, line)
+		}
+	}
+}
+
+// The server's whole request path (read, parse, table, encode, write)
+// allocates nothing per request once warm.
+func TestServerPathDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	addr, stop := startInProcess(t, t.TempDir())
+	defer stop()
+	p := newPairs(t, addr, 64)
+	defer p.c.Close()
+	for i := 0; i < 200; i++ { // warm: free lists, buffers, pools
+		p.round(t)
+	}
+	const rounds = 2000
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := 0; i < rounds; i++ {
+		p.round(t)
+	}
+	runtime.ReadMemStats(&after)
+	requests := float64(rounds * 64 * 2)
+	perReq := float64(after.Mallocs-before.Mallocs) / requests
+	t.Logf("%.4f allocations per request over %.0f requests", perReq, requests)
+	// Background work (timers, the runtime) may allocate a little; per
+	// request it must round to nothing.
+	if perReq > 0.01 {
+		t.Fatalf("%.4f allocations per request, want 0", perReq)
+	}
+}
+
+func BenchmarkServerPairs(b *testing.B) {
+	addr, stop := startInProcess(b, b.TempDir())
+	defer stop()
+	p := newPairs(b, addr, 64)
+	defer p.c.Close()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		p.round(b)
+	}
+	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "pairs/s")
+}
+
+func TestCleanRestartKeepsHolders(t *testing.T) {
+	dir := t.TempDir()
+	addr, stop := startInProcess(t, dir)
+	p := newPairs(t, addr, 1)
+	p.req = codec.AppendAcquire(p.req[:0], []byte("o"), []byte("kept"), 60000, 0)
+	_, _ = p.c.Write(p.req)
+	line, err := p.r.ReadSlice('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a codec.Answer
+	if _, err := codec.ParseAnswer(line, &a); err != nil || a.Kind != 'A' {
+		t.Fatalf("acquire: %q", line)
+	}
+	tok := a.Token
+	stop()
+	_ = p.c.Close()
+
+	r, err := Open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Crashed || r.Restored != 1 || r.TokenFloor != tok {
+		t.Fatalf("after clean restart: crashed=%v restored=%d floor=%d, want false 1 %d", r.Crashed, r.Restored, r.TokenFloor, tok)
+	}
+	if _, err := Open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Second}); err == nil {
+		t.Fatal("a second runner opened a data dir in use")
+	}
+}
+
+func TestSnapshotNeedsSameShards(t *testing.T) {
+	dir := t.TempDir()
+	_, stop := startInProcess(t, dir)
+	stop()
+	if _, err := Open(Options{DataDir: dir, Shards: 8, SweepInterval: time.Second}); err == nil {
+		t.Fatal("loaded a 4-shard snapshot into 8 shards")
+	}
+}
