@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -332,5 +333,76 @@ func overLimit(addr string, i int) error {
 		if !strings.HasPrefix(line, "E ") {
 			return fmt.Errorf("connection %d over --max-conns 50 was served: %q", i+1, line)
 		}
+	}
+}
+
+// A flood of connections past the process's descriptor limit must not stop
+// the server (gnet's own acceptor would stop the whole engine on EMFILE):
+// the excess is refused and the connections it has keep being served.
+func TestConnectionFloodPastDescriptorLimit(t *testing.T) {
+	if _, err := exec.LookPath("prlimit"); err != nil {
+		t.Skip("prlimit (util-linux) not installed")
+	}
+	const limit = 400 // --max-conns defaults to limit - 256 = 144
+	s, err := launchWrapped(t, []string{"prlimit", fmt.Sprintf("--nofile=%d:%d", limit, limit)}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keeper := s.dial(t)
+	tok := keeper.acquire("keeper", "kept", 60000, 0)
+
+	var mu sync.Mutex
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				c, err := net.DialTimeout("tcp", s.addr, 2*time.Second)
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				flood = append(flood, c)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if s.exited() {
+		t.Fatalf("server exited under a connection flood of %d", len(flood))
+	}
+	// The connection it had is still served, and a new one gets in once the
+	// flood is gone.
+	keeper.send(rel(tok, "kept"))
+	keeper.expect(released(tok, "kept"))
+	mu.Lock()
+	for _, c := range flood {
+		c.Close()
+	}
+	flood = nil
+	mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", s.addr, time.Second)
+		if err == nil {
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			fmt.Fprintf(c, "A after flood 1000 0\n")
+			line, err := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if err == nil && strings.HasPrefix(line, "A ") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no new connection served within 5s after the flood")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

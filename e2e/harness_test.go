@@ -102,8 +102,17 @@ func startServerDir(t testing.TB, dataDir string, flags ...string) *server {
 }
 
 func launch(t testing.TB, dataDir string, flags ...string) (*server, error) {
+	return launchWrapped(t, nil, dataDir, flags...)
+}
+
+// launchWrapped starts ticketd through a wrapper that execs it (so the pid
+// is ticketd's), such as prlimit.
+func launchWrapped(t testing.TB, wrapper []string, dataDir string, flags ...string) (*server, error) {
 	args := append([]string{"--listen", "127.0.0.1:0", "--log-format", "json", "--data-dir", dataDir}, flags...)
 	cmd := exec.Command(binPath, args...)
+	if len(wrapper) > 0 {
+		cmd = exec.Command(wrapper[0], append(append(wrapper[1:len(wrapper):len(wrapper)], binPath), args...)...)
+	}
 	cmd.Stdout = io.Discard
 	pipe, err := cmd.StderrPipe()
 	if err != nil {
