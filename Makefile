@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 FUZZTIME ?= 30s
 
-.PHONY: help build run test test-short vet fuzz bench bench-quick clean
+.PHONY: help build run test test-short vet fuzz bench bench-quick bench-tools clean
 
 help:
 	@echo "make run          build and start ticketd (single mode, ./ticketd-data)"
@@ -34,6 +34,18 @@ test-short:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParseRequest$$' -fuzztime=$(FUZZTIME) ./codec
 	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(FUZZTIME) ./codec
+
+BENCHFLAGS = -ticketd $(BIN)/ticketd -echo $(BIN)/echo $(if $(filter 1,$(PROFILE)),-profile)
+
+bench-tools: build
+	$(GO) build -o $(BIN)/bench ./bench/cmd/bench
+	$(GO) build -o $(BIN)/echo ./bench/cmd/echo
+
+bench: bench-tools
+	./$(BIN)/bench $(BENCHFLAGS)
+
+bench-quick: bench-tools
+	./$(BIN)/bench -quick $(BENCHFLAGS)
 
 clean:
 	rm -rf $(BIN)

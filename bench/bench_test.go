@@ -1,0 +1,437 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// subprocessEnv makes the test binary run Main instead of the tests: the
+// suite starts its idle-connection holders that way.
+const subprocessEnv = "TICKETD_BENCH_SUBPROCESS"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(subprocessEnv) == "1" {
+		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startEchoInProcess is a plain echo server for generator tests.
+func startEchoInProcess(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(nc, nc); nc.Close() }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return ln.Addr().String()
+}
+
+func checkPairs(t *testing.T, res *Result) {
+	t.Helper()
+	if res.Pairs == 0 || res.Lines == 0 {
+		t.Fatalf("no traffic: %+v", res)
+	}
+	if res.Latency.TotalCount() == 0 || Q(res.Latency, 50) <= 0 {
+		t.Fatalf("no latencies recorded")
+	}
+	if res.Window <= 0 {
+		t.Fatalf("window %s", res.Window)
+	}
+	// Every pair has two answers; pairs that straddle the window's edges
+	// make the difference.
+	inflight := int64(res.Load.Conns * res.Load.Depth)
+	if d := res.Lines - 2*res.Pairs - res.Refused; d < -2*inflight || d > 2*inflight {
+		t.Fatalf("lines %d vs pairs %d, refused %d: off by %d", res.Lines, res.Pairs, res.Refused, d)
+	}
+}
+
+func TestClosedLoopEcho(t *testing.T) {
+	addr := startEchoInProcess(t)
+	for _, depth := range []int{1, 8} {
+		res, err := Run(ctxT(t), Load{System: Echo, Addr: addr, Conns: 3, Depth: depth,
+			Warmup: 50 * time.Millisecond, Duration: 200 * time.Millisecond, Keys: Dist{Keys: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPairs(t, res)
+		if res.Refused != 0 || res.NotReleased != 0 {
+			t.Fatalf("echo refused or not released: %+v", res)
+		}
+	}
+}
+
+func TestClosedLoopByCount(t *testing.T) {
+	addr := startEchoInProcess(t)
+	res, err := Run(ctxT(t), Load{System: Echo, Addr: addr, Conns: 2, Depth: 4,
+		Pairs: 500, Keys: Dist{Keys: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Pairs < 500 || res.Pairs > 600 {
+		t.Fatalf("asked for 500 pairs, window has %d", res.Pairs)
+	}
+}
+
+// In open loop the acquires follow the schedule: about Rate per second,
+// however fast the server is.
+func TestOpenLoopKeepsRate(t *testing.T) {
+	addr := startEchoInProcess(t)
+	res, err := Run(ctxT(t), Load{System: Echo, Addr: addr, Conns: 4, Rate: 2000,
+		Warmup: 100 * time.Millisecond, Duration: 500 * time.Millisecond, Keys: Dist{Keys: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPairs(t, res)
+	if got := res.PairsPerSec(); got < 1500 || got > 2500 {
+		t.Fatalf("offered 2000 pairs/s, done %.0f", got)
+	}
+	if res.SendLag.TotalCount() == 0 {
+		t.Fatal("no send lag recorded in open loop")
+	}
+}
+
+// A server that stops answering for a while is charged for the acquires
+// that were due meanwhile: open-loop latency counts from the intended time.
+func TestOpenLoopChargesStalls(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const stall = 150 * time.Millisecond
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				time.Sleep(stall) // the first requests wait here; the rest echo at once
+				io.Copy(nc, nc)
+			}()
+		}
+	}()
+	res, err := Run(ctxT(t), Load{System: Echo, Addr: ln.Addr().String(), Conns: 1, Rate: 1000,
+		Duration: 400 * time.Millisecond, Keys: Dist{Keys: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// About stall*rate acquires (150) were due during the stall, out of ~400:
+	// their latencies spread up to the stall, so the 80th percentile is far
+	// above a loopback round trip. A generator measuring from the actual
+	// send, or sending only after answers, would show the stall in one
+	// request at most.
+	if p := Q(res.Acquire, 80); p < 10*time.Millisecond {
+		t.Fatalf("acquire p80 %s: the stall was not charged", p)
+	}
+	if m := time.Duration(res.Acquire.Max()); m < stall/2 {
+		t.Fatalf("max latency %s, stall was %s", m, stall)
+	}
+}
+
+func TestTicketdWireAgainstFake(t *testing.T) {
+	f := startFake(t)
+	res, err := Run(ctxT(t), Load{System: Ticketd, Addr: f.addr(), Conns: 4, Depth: 8,
+		Warmup: 50 * time.Millisecond, Duration: 300 * time.Millisecond, Keys: Dist{Keys: 50}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPairs(t, res)
+	if res.Refused == 0 {
+		t.Fatal("32 pairs in flight on 50 keys with wait 0 should meet some T")
+	}
+	if res.NotReleased != 0 {
+		t.Fatalf("%d releases refused", res.NotReleased)
+	}
+	if n := f.held(); n != 0 {
+		t.Fatalf("run left %d keys held", n)
+	}
+}
+
+func TestHotKeysQueueAndHandOver(t *testing.T) {
+	f := startFake(t)
+	res, err := Run(ctxT(t), Load{System: Ticketd, Addr: f.addr(), Conns: 30, Depth: 1,
+		Warmup: 50 * time.Millisecond, Duration: 400 * time.Millisecond,
+		Keys: Dist{Keys: 1000, Hot: 2, HotFrac: 0.9}, WaitMs: 60000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPairs(t, res)
+	if res.Refused != 0 {
+		t.Fatalf("%d waits refused", res.Refused)
+	}
+	// Waiters on two hot keys queue behind each other: their waits are many
+	// round trips long.
+	if Q(res.Acquire, 90) < 4*Q(res.Acquire, 10) {
+		t.Fatalf("acquire p10 %s p90 %s: no queuing seen", Q(res.Acquire, 10), Q(res.Acquire, 90))
+	}
+	if n := f.held(); n != 0 {
+		t.Fatalf("run left %d keys held", n)
+	}
+}
+
+func TestContendedFairOnFake(t *testing.T) {
+	f := startFake(t)
+	res, err := Run(ctxT(t), Load{System: Ticketd, Addr: f.addr(), Conns: 40, Depth: 1,
+		Warmup: 50 * time.Millisecond, Duration: 500 * time.Millisecond,
+		Keys: Dist{Keys: 4}, WaitMs: 60000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := rowOf(ScenarioContended, res)
+	if row.Starved != 0 || row.Refused != 0 {
+		t.Fatalf("FIFO fake starved %d clients (min grants %d), %d refused", row.Starved, row.GrantsMin, row.Refused)
+	}
+	if row.GrantsPerSec <= 0 || row.AcqP99 <= 0 {
+		t.Fatalf("row %+v", row)
+	}
+}
+
+func TestServerErrorStopsTheRun(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			nc.Write([]byte("E syntax wrong field count\n"))
+			nc.Close()
+		}
+	}()
+	_, err = Run(ctxT(t), Load{System: Ticketd, Addr: ln.Addr().String(), Conns: 1,
+		Duration: time.Second, Keys: Dist{Keys: 10}})
+	if err == nil || !strings.Contains(err.Error(), "E syntax") {
+		t.Fatalf("err = %v, want the server's E answer", err)
+	}
+}
+
+func TestRedisWire(t *testing.T) {
+	c := &conn{leaseText: []byte("30000"), fifo: []int32{}}
+	s := &slot{index: 3, key: []byte("k1"), owner: []byte("c0.3.1")}
+	w := redisWire{}
+	got := string(w.appendAcquire(nil, c, s))
+	want := "*6\r\n$3\r\nSET\r\n$2\r\nk1\r\n$6\r\nc0.3.1\r\n$2\r\nNX\r\n$2\r\nPX\r\n$5\r\n30000\r\n"
+	if got != want {
+		t.Fatalf("acquire:\n got %q\nwant %q", got, want)
+	}
+	got = string(w.appendRelease(nil, c, s))
+	want = "*5\r\n$7\r\nEVALSHA\r\n$40\r\n" + releaseSHA + "\r\n$1\r\n1\r\n$2\r\nk1\r\n$6\r\nc0.3.1\r\n"
+	if got != want {
+		t.Fatalf("release:\n got %q\nwant %q", got, want)
+	}
+	if len(releaseSHA) != 40 {
+		t.Fatalf("sha %q", releaseSHA)
+	}
+
+	c.fifo = []int32{3, 4, 5, 6}
+	replies := "+OK\r\n$-1\r\n:1\r\n:0\r\n-NOSCRIPT No matching script\r\n"
+	wantOut := []outcome{outAcquired, outRefused, outReleased, outNotReleased}
+	buf := []byte(replies)
+	for i, wo := range wantOut {
+		n, si, out, _, err := w.parse(buf, c)
+		if err != nil || n == 0 || out != wo || si != int32(3+i) {
+			t.Fatalf("reply %d: n=%d si=%d out=%d err=%v", i, n, si, out, err)
+		}
+		buf = buf[n:]
+	}
+	if _, _, _, _, err := w.parse(buf, c); err == nil || !strings.Contains(err.Error(), "NOSCRIPT") {
+		t.Fatalf("error reply: %v", err)
+	}
+	if n, _, _, _, err := w.parse([]byte("+O"), c); n != 0 || err != nil {
+		t.Fatalf("partial reply: n=%d err=%v", n, err)
+	}
+}
+
+func TestTicketdWireRejectsStrangers(t *testing.T) {
+	c := &conn{ownerPrefix: []byte("c7."), slots: make([]slot, 2), releases: map[releaseID]int32{}}
+	c.slots[1] = slot{index: 1, state: slotAcquiring, owner: []byte("c7.1.4"), key: []byte("k")}
+	w := ticketdWire{}
+	if _, si, out, tok, err := w.parse([]byte("A 9 c7.1.4 k\n"), c); err != nil || si != 1 || out != outAcquired || tok != 9 {
+		t.Fatalf("own grant: si=%d out=%d tok=%d err=%v", si, out, tok, err)
+	}
+	for _, line := range []string{"A 9 c8.1.4 k\n", "A 9 c7.0.1 k\n", "A 9 c7.1.5 k\n", "T c7.9.1 k\n", "R 10 k\n"} {
+		if _, _, _, _, err := w.parse([]byte(line), c); err == nil {
+			t.Errorf("%q accepted", line)
+		}
+	}
+}
+
+func sampleReport() *Report {
+	p := FullPlan()
+	r := newReport(p, Env{})
+	d := func(us int) time.Duration { return time.Duration(us) * time.Microsecond }
+	add := func(sys System, depth int, pairs float64, p99 time.Duration) {
+		r.Rows = append(r.Rows, Row{Scenario: ScenarioUncontended, System: sys, Depth: depth, Conns: 50,
+			PairsPerSec: pairs, LinesPerSec: 2 * pairs, P50: p99 / 3, P99: p99, P999: 2 * p99})
+	}
+	add(Ticketd, 1, 20000, d(300))
+	add(Redis, 1, 15000, d(400))
+	add(Echo, 1, 30000, d(200))
+	add(Ticketd, 16, 200000, d(2000))
+	add(Redis, 16, 90000, d(5000))
+	add(Echo, 16, 300000, d(1500))
+	add(Ticketd, 64, 300000, d(5000))
+	add(Redis, 64, 160000, d(9000))
+	add(Echo, 64, 450000, d(4000))
+	r.Rows = append(r.Rows, Row{Scenario: ScenarioUncontended, System: Ticketd, Open: true, Offered: 100000,
+		PairsPerSec: 99000, LinesPerSec: 198000, P99: d(900)})
+	r.Rows = append(r.Rows, Row{Scenario: ScenarioContended, System: Ticketd, Conns: 5000,
+		PairsPerSec: 40000, GrantsPerSec: 40000, AcqP99: d(80000), GrantsMin: 30, P99: d(70000)})
+	r.Scale = []ScaleRow{
+		{Wanted: 0, Active: &Row{PairsPerSec: 10000, P99: d(500)}, RSSBefore: 50 << 20, RSSAfter: 50 << 20},
+		{Wanted: 10000, Idle: 10000, RSSBefore: 50 << 20, RSSAfter: 50<<20 + 9_000_000, Active: &Row{PairsPerSec: 10000, P99: d(600)}},
+		{Wanted: 100000, Idle: 10000, Note: "not run"},
+	}
+	r.evaluate()
+	return r
+}
+
+func TestTargets(t *testing.T) {
+	r := sampleReport()
+	want := map[string]string{
+		"uncontended, depth 16: ticketd >= 2x Redis lock pairs/s":             "PASS",
+		"uncontended, depth 64: ticketd >= 2x Redis lock pairs/s":             "MISS", // 1.875x
+		"uncontended, depth 64: ticketd >= 60% of the echo ceiling's lines/s": "PASS", // 67%
+		"uncontended, depth 1: ticketd p99 <= Redis p99":                      "PASS",
+		"idle connections: <= 1 KiB server memory each":                       "PASS", // 900 B
+		"idle connections: active p99 within 2x of no idle":                   "PASS",
+		"contended: no waiter starved":                                        "PASS",
+	}
+	if len(r.Targets) != len(want) {
+		t.Fatalf("%d targets, want %d: %+v", len(r.Targets), len(want), r.Targets)
+	}
+	for _, tg := range r.Targets {
+		if want[tg.Name] != tg.Verdict {
+			t.Errorf("%s: %s (%s), want %s", tg.Name, tg.Verdict, tg.Got, want[tg.Name])
+		}
+	}
+	if r.Passed() {
+		t.Error("Passed with a MISS")
+	}
+
+	// Without Redis the Redis targets are skipped with the install command.
+	r.Rows = slicesDeleteSystem(r.Rows, Redis)
+	r.RedisVersion = ""
+	r.evaluate()
+	skips := 0
+	for _, tg := range r.Targets {
+		if strings.HasPrefix(tg.Verdict, "SKIP") {
+			skips++
+			if !strings.Contains(tg.Verdict, RedisInstall) {
+				t.Errorf("skip without the install command: %s", tg.Verdict)
+			}
+		}
+	}
+	if skips != 3 {
+		t.Errorf("%d skipped targets without Redis, want 3", skips)
+	}
+}
+
+func slicesDeleteSystem(rows []Row, sys System) []Row {
+	var out []Row
+	for _, r := range rows {
+		if r.System != sys {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestMarkdownAndChart(t *testing.T) {
+	r := sampleReport()
+	dir := t.TempDir()
+	md, err := writeResults(r, dir, "quick")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"## Targets", "| 16 | ticketd | 200,000 | 400,000 |", "2.22x", "| 64 | ticketd | 300,000 | 600,000 | 1.67ms | 5.00ms | 10.0ms | 1.88x | 67% |",
+		"## 2. Contended", "## 3. Connection scale", "900 B", "MISS", "![throughput against p99 latency](bench-quick.png)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(md)
+	}
+	png, err := os.ReadFile(filepath.Join(dir, "bench-quick.png"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Fatal("chart is not a PNG")
+	}
+	for _, f := range []string{"bench-quick.md", "bench-quick.json"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// Tokens grow per key: two grants of one connection may carry the same
+// token on different keys, and their releases must not be confused.
+func TestTicketdWireSameTokenTwoKeys(t *testing.T) {
+	c := &conn{ownerPrefix: []byte("c0."), slots: make([]slot, 2), releases: map[releaseID]int32{}}
+	w := ticketdWire{}
+	for i, key := range []string{"a", "b"} {
+		c.slots[i] = slot{index: int32(i), state: slotReleasing, token: 7, key: []byte(key)}
+		w.appendRelease(nil, c, &c.slots[i])
+	}
+	for _, want := range []struct {
+		line string
+		si   int32
+	}{{"R 7 b\n", 1}, {"R 7 a\n", 0}} {
+		_, si, out, _, err := w.parse([]byte(want.line), c)
+		if err != nil || si != want.si || out != outReleased {
+			t.Fatalf("%q: slot %d out %d err %v, want slot %d", want.line, si, out, err, want.si)
+		}
+	}
+}
+
+func TestLoadCommand(t *testing.T) {
+	addr := startEchoInProcess(t)
+	var out, errOut bytes.Buffer
+	code := Main([]string{"load", "-system", "echo", "-addr", addr, "-conns", "2", "-depth", "4",
+		"-warmup", "50ms", "-duration", "200ms", "-quiet"}, strings.NewReader(""), &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"echo " + addr + ": 2 conns, depth 4", "pairs/s", "latency p50"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if code := Main([]string{"nonsense"}, nil, &out, &errOut); code != 2 {
+		t.Errorf("unknown subcommand: exit %d, want 2", code)
+	}
+}

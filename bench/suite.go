@@ -1,0 +1,391 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Plan sets the size of every scenario; FullPlan is `make bench`,
+// QuickPlan `make bench-quick`, SmokePlan the test suite's check.
+type Plan struct {
+	Name     string
+	Warmup   time.Duration
+	Duration time.Duration // each closed-loop run
+
+	// 1. uncontended
+	Conns         int
+	Keys          int
+	Depths        []int
+	OpenFractions []float64 // open-loop rates, as fractions of the system's best closed-loop pairs/s
+	OpenDuration  time.Duration
+
+	// 2. contended
+	Waiters           int
+	ContendedKeys     int
+	ContendedDuration time.Duration
+
+	// 3. connection scale
+	Active        int     // active clients
+	ActiveRate    float64 // their lock pairs/s together, open loop
+	Idle          []int   // idle connections wanted, in steps
+	ScaleDuration time.Duration
+	PerProc       int // idle connections per hold process
+}
+
+func FullPlan() Plan {
+	return Plan{
+		Name: "full", Warmup: time.Second, Duration: 8 * time.Second,
+		Conns: 50, Keys: 1_000_000, Depths: []int{1, 16, 64},
+		OpenFractions: []float64{0.25, 0.5, 0.75}, OpenDuration: 5 * time.Second,
+		Waiters: 5000, ContendedKeys: 100, ContendedDuration: 15 * time.Second,
+		Active: 1000, ActiveRate: 10_000, Idle: []int{10_000, 50_000, 100_000},
+		ScaleDuration: 8 * time.Second, PerProc: 10_000,
+	}
+}
+
+func QuickPlan() Plan {
+	return Plan{
+		Name: "quick", Warmup: 300 * time.Millisecond, Duration: time.Second,
+		Conns: 50, Keys: 1_000_000, Depths: []int{1, 16, 64},
+		OpenFractions: []float64{0.5}, OpenDuration: time.Second,
+		Waiters: 1000, ContendedKeys: 100, ContendedDuration: 2 * time.Second,
+		Active: 200, ActiveRate: 4_000, Idle: []int{5_000},
+		ScaleDuration: 1500 * time.Millisecond, PerProc: 10_000,
+	}
+}
+
+func SmokePlan() Plan {
+	return Plan{
+		Name: "smoke", Warmup: 50 * time.Millisecond, Duration: 200 * time.Millisecond,
+		Conns: 4, Keys: 1000, Depths: []int{1, 8},
+		OpenFractions: []float64{0.3}, OpenDuration: 200 * time.Millisecond,
+		Waiters: 40, ContendedKeys: 4, ContendedDuration: 300 * time.Millisecond,
+		Active: 10, ActiveRate: 500, Idle: []int{200},
+		ScaleDuration: 200 * time.Millisecond, PerProc: 150,
+	}
+}
+
+// Env is what the suite runs: binaries, where results go, and how to run
+// this program's own subcommands in another process.
+type Env struct {
+	Ticketd string // server binary
+	Echo    string // echo ceiling binary
+	Redis   string // redis-server; "" when missing, with RedisMissing saying why
+	// RedisMissing is the note printed instead of Redis's figures.
+	RedisMissing string
+	Self         []string // argv that runs this program (its "hold" subcommand)
+	SelfEnv      []string
+	Out          string    // results directory ("" writes nothing)
+	Profile      bool      // capture ticketd's CPU and allocation profiles
+	Log          io.Writer // progress
+	// Only names the scenarios to run (uncontended, contended, scale); nil: all.
+	Only []string
+}
+
+// RunSuite runs every scenario of plan and returns the report. A scenario
+// that fails is noted in the report and the others still run.
+func RunSuite(ctx context.Context, plan Plan, env Env) *Report {
+	if env.Log == nil {
+		env.Log = io.Discard
+	}
+	rep := newReport(plan, env)
+	t0 := time.Now()
+	s := &suite{plan: plan, env: env, rep: rep}
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"uncontended", s.uncontended},
+		{"contended", s.contended},
+		{"scale", s.scale},
+	}
+	for _, st := range steps {
+		if ctx.Err() != nil {
+			break
+		}
+		if env.Only != nil && !slices.Contains(env.Only, st.name) {
+			continue
+		}
+		fmt.Fprintf(env.Log, "== %s\n", st.name)
+		if err := st.fn(ctx); err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", st.name, err))
+			fmt.Fprintf(env.Log, "   FAILED: %v\n", err)
+		}
+	}
+	rep.Elapsed = time.Since(t0).Round(time.Second)
+	rep.evaluate()
+	return rep
+}
+
+type suite struct {
+	plan Plan
+	env  Env
+	rep  *Report
+}
+
+func (s *suite) startTicketd(extra ...string) (*Proc, error) {
+	p, err := StartTicketd(s.env.Ticketd, extra...)
+	if err == nil && s.rep.ServerFDLimit == 0 {
+		s.rep.ServerFDLimit, _ = p.FDLimit()
+	}
+	return p, err
+}
+
+// run runs l against srv and adds it to the report under sc.
+func (s *suite) run(ctx context.Context, sc Scenario, srv *Proc, l Load) (*Row, error) {
+	l.Progress = s.env.Log
+	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
+	srvCPU0, _ := srv.CPU()
+	genCPU0, allCPU0, t0 := selfCPU(), machineCPU(), time.Now()
+	res, err := Run(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	wall := time.Since(t0).Seconds()
+	srvCPU1, _ := srv.CPU()
+	row := rowOf(sc, res)
+	row.ServerCores = (srvCPU1 - srvCPU0).Seconds() / wall
+	row.BenchCores = (selfCPU() - genCPU0).Seconds() / wall
+	row.OtherCores = max(0, (machineCPU()-allCPU0).Seconds()/wall-row.ServerCores-row.BenchCores)
+	fmt.Fprintf(s.env.Log, "   %s pairs/s, %s lines/s, p50 %s p99 %s p99.9 %s; CPU cores: server %.2f, bench %.2f, others %.2f\n",
+		human(row.PairsPerSec), human(row.LinesPerSec), fmtDur(row.P50), fmtDur(row.P99), fmtDur(row.P999),
+		row.ServerCores, row.BenchCores, row.OtherCores)
+	if sc != ScenarioScale {
+		s.rep.Rows = append(s.rep.Rows, row)
+	}
+	return &row, nil
+}
+
+// uncontended: acquire+release on uniformly chosen keys of a million, closed
+// loop at each depth, then open loop at fractions of the best closed rate;
+// for ticketd, Redis and the echo ceiling alike.
+func (s *suite) uncontended(ctx context.Context) error {
+	systems := []System{Ticketd, Redis, Echo}
+	for _, sys := range systems {
+		if sys == Redis && s.env.Redis == "" {
+			s.rep.Skipped = append(s.rep.Skipped, "Redis: "+s.env.RedisMissing)
+			fmt.Fprintf(s.env.Log, "   skipping Redis: %s\n", s.env.RedisMissing)
+			continue
+		}
+		if err := s.uncontendedOn(ctx, sys); err != nil {
+			return fmt.Errorf("%s: %w", sys, err)
+		}
+	}
+	return nil
+}
+
+func (s *suite) uncontendedOn(ctx context.Context, sys System) (err error) {
+	p := s.plan
+	var srv *Proc
+	var adminAddr string
+	switch sys {
+	case Ticketd:
+		var extra []string
+		if s.env.Profile {
+			port, perr := freePort()
+			if perr != nil {
+				return perr
+			}
+			adminAddr = "127.0.0.1:" + strconv.Itoa(port)
+			extra = append(extra, "--admin", adminAddr)
+		}
+		srv, err = s.startTicketd(extra...)
+	case Redis:
+		srv, err = StartRedis(s.env.Redis, 1000+p.Conns)
+	case Echo:
+		srv, err = StartEcho(s.env.Echo)
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := srv.Stop(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+
+	base := Load{System: sys, Addr: srv.Addr, Conns: p.Conns, Warmup: p.Warmup,
+		Keys: Dist{Keys: p.Keys}, KeyPrefix: "k", LeaseMs: 30000}
+	var best float64
+	for _, d := range p.Depths {
+		l := base
+		l.Depth, l.Duration = d, p.Duration
+		l.Label = fmt.Sprintf("uncontended %s depth %d", sys, d)
+		var prof chan error
+		if adminAddr != "" && d == slices.Max(p.Depths) {
+			prof = make(chan error, 1)
+			go func() { prof <- s.captureCPU(ctx, adminAddr, p.Warmup, p.Duration) }()
+		}
+		res, err := s.run(ctx, ScenarioUncontended, srv, l)
+		if err != nil {
+			return err
+		}
+		if prof != nil {
+			if perr := <-prof; perr != nil {
+				s.rep.Errors = append(s.rep.Errors, "profile: "+perr.Error())
+			}
+			if perr := s.captureAfter(adminAddr); perr != nil {
+				s.rep.Errors = append(s.rep.Errors, "profile: "+perr.Error())
+			}
+		}
+		best = max(best, res.PairsPerSec)
+	}
+	for _, f := range p.OpenFractions {
+		l := base
+		l.Rate, l.Depth, l.Duration = f*best, 256, p.OpenDuration
+		l.Label = fmt.Sprintf("uncontended %s open loop %s pairs/s", sys, human(l.Rate))
+		if _, err := s.run(ctx, ScenarioUncontended, srv, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// captureCPU takes the server's CPU profile over the measured window.
+func (s *suite) captureCPU(ctx context.Context, admin string, warmup, d time.Duration) error {
+	select {
+	case <-time.After(warmup):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	secs := max(1, int(d.Seconds()))
+	return s.fetch(admin, fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), "ticketd-cpu.prof")
+}
+
+// captureAfter saves the allocation profile and the metrics once the run ended.
+func (s *suite) captureAfter(admin string) error {
+	if err := s.fetch(admin, "/debug/pprof/allocs", "ticketd-allocs.prof"); err != nil {
+		return err
+	}
+	return s.fetch(admin, "/metrics", "ticketd-metrics.txt")
+}
+
+func (s *suite) fetch(admin, path, name string) error {
+	if s.env.Out == "" {
+		return nil
+	}
+	cl := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := cl.Get("http://" + admin + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	f, err := os.Create(filepath.Join(s.env.Out, name))
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	s.rep.Profiles = append(s.rep.Profiles, name)
+	return f.Close()
+}
+
+// contended: many clients, each with one acquire waiting at a time on a few
+// keys, releasing at once when granted; every grant but a key's first is a
+// hand-over from the queue.
+func (s *suite) contended(ctx context.Context) (err error) {
+	p := s.plan
+	s.rep.Skipped = append(s.rep.Skipped,
+		"Redis, contended: no equivalent (Redis has no wait queue: its clients poll SET NX)")
+	srv, err := s.startTicketd()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := srv.Stop(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	l := Load{System: Ticketd, Addr: srv.Addr, Conns: p.Waiters, Depth: 1,
+		Warmup: p.Warmup, Duration: p.ContendedDuration,
+		Keys: Dist{Keys: p.ContendedKeys}, KeyPrefix: "hot", LeaseMs: 30000, WaitMs: 120_000,
+		Drain: 5 * time.Second,
+		Label: fmt.Sprintf("contended ticketd %d waiters on %d keys", p.Waiters, p.ContendedKeys)}
+	_, err = s.run(ctx, ScenarioContended, srv, l)
+	return err
+}
+
+// scale: the active clients' latency alone, then with more and more idle
+// connections held by other processes, and the server's memory for them.
+func (s *suite) scale(ctx context.Context) (err error) {
+	p := s.plan
+	srv, err := s.startTicketd()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := srv.Stop(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	limit, _ := srv.FDLimit()
+	s.rep.ServerFDLimit = limit
+	room := p.Idle[len(p.Idle)-1]
+	if limit > 0 {
+		// The server also holds the active clients, its listener, its store.
+		room = int(limit) - p.Active - 500
+		if room > 1000 {
+			room -= room % 1000
+		}
+	}
+
+	active := Load{System: Ticketd, Addr: srv.Addr, Conns: p.Active, Depth: 64,
+		Rate: p.ActiveRate, Warmup: p.Warmup, Duration: p.ScaleDuration,
+		Keys: Dist{Keys: p.Keys}, KeyPrefix: "a", LeaseMs: 30000}
+	active.Label = fmt.Sprintf("scale: %d active, no idle", p.Active)
+	base, err := s.run(ctx, ScenarioScale, srv, active)
+	if err != nil {
+		return err
+	}
+	rssBase, err := srv.RSS()
+	if err != nil {
+		return err
+	}
+	s.rep.Scale = append(s.rep.Scale, ScaleRow{RSSBefore: rssBase, RSSAfter: rssBase, Active: base})
+
+	var h Holders
+	defer h.Stop()
+	for _, want := range p.Idle {
+		n := min(want, room)
+		row := ScaleRow{Wanted: want, Idle: n, RSSBefore: rssBase}
+		if n <= h.Conns {
+			row.Idle = h.Conns
+			row.Note = fmt.Sprintf("not run: the server's descriptor limit (%d) allows %s idle beside %d active",
+				limit, commas(int64(room)), p.Active)
+			s.rep.Scale = append(s.rep.Scale, row)
+			continue
+		}
+		if n < want {
+			row.Note = fmt.Sprintf("capped at %s by the server's descriptor limit (%d)", commas(int64(n)), limit)
+		}
+		fmt.Fprintf(s.env.Log, "-> opening %s idle connections (%d per process)\n", commas(int64(n-h.Conns)), p.PerProc)
+		if err := h.Add(s.env.Self, s.env.SelfEnv, srv.Addr, n-h.Conns, p.PerProc, 2, true); err != nil {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond) // let the server settle its buffers
+		if row.RSSAfter, err = srv.RSS(); err != nil {
+			return err
+		}
+		fmt.Fprintf(s.env.Log, "   server VmRSS %s -> %s: %s bytes per idle connection\n",
+			fmtBytes(rssBase), fmtBytes(row.RSSAfter), commas((row.RSSAfter-rssBase)/int64(n)))
+		l := active
+		l.Label = fmt.Sprintf("scale: %d active, %s idle", p.Active, commas(int64(n)))
+		if row.Active, err = s.run(ctx, ScenarioScale, srv, l); err != nil {
+			return err
+		}
+		s.rep.Scale = append(s.rep.Scale, row)
+	}
+	return nil
+}
