@@ -1,0 +1,158 @@
+package client_test
+
+// The client's overhead: acquire+release through Client against a raw load
+// generator that writes the same requests as pipelined bytes over the same
+// number of connections, with the same number of operations in flight.
+//
+//	go test -run '^$' -bench AcquireRelease -benchtime 200000x ./client
+//
+// The ratio of the two ns/op is the cost of the client (matching, pooling,
+// goroutine hand-offs) over what the server and the network cost anyway.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/client"
+	"github.com/ticketd/ticketd/codec"
+)
+
+const (
+	benchConns    = 2  // connections, for both
+	benchInFlight = 64 // goroutines for the client; window of operations for the raw generator
+)
+
+func BenchmarkClientAcquireRelease(b *testing.B) {
+	srv := startServer(b, "", "")
+	cl := dial(b, srv.addr, client.WithConns(benchConns))
+	ctx := context.Background()
+	var next atomic.Int64
+	b.SetParallelism((benchInFlight + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		key := "bench-" + strconv.FormatInt(next.Add(1), 10) // one key per goroutine: no contention
+		for pb.Next() {
+			l, err := cl.Acquire(ctx, key, 30*time.Second, 0)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := cl.Release(ctx, l); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkRawAcquireRelease is the floor: per connection one goroutine keeps
+// a window of keys busy, answering each A with an R and each R with the next
+// A, and writes all requests of one read at once.
+func BenchmarkRawAcquireRelease(b *testing.B) {
+	srv := startServer(b, "", "")
+	window := benchInFlight / benchConns
+	var wg sync.WaitGroup
+	errs := make(chan error, benchConns)
+	conns := make([]net.Conn, benchConns)
+	for i := range conns {
+		nc, err := net.Dial("tcp", srv.addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nc.Close()
+		conns[i] = nc
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i, nc := range conns {
+		ops := b.N / benchConns
+		if i < b.N%benchConns {
+			ops++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := rawLoad(nc, i, window, ops); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
+
+func rawLoad(nc net.Conn, conn, window, ops int) error {
+	keys := make([][]byte, window)
+	owner := []byte("raw-" + strconv.Itoa(conn))
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "raw-%d-%d", conn, i)
+	}
+	prefix := len(fmt.Sprintf("raw-%d-", conn))
+	keyIndex := func(k []byte) int {
+		n := 0
+		for _, c := range k[prefix:] {
+			n = n*10 + int(c-'0')
+		}
+		return n
+	}
+	var out []byte
+	started, done := 0, 0
+	for i := 0; i < window && started < ops; i++ {
+		out = codec.AppendAcquire(out, owner, keys[i], 30000, 0)
+		started++
+	}
+	r := bufio.NewReaderSize(nc, 64<<10)
+	buf := make([]byte, 64<<10)
+	pending := 0
+	var a codec.Answer
+	for done < ops {
+		if len(out) > 0 {
+			if _, err := nc.Write(out); err != nil {
+				return err
+			}
+			out = out[:0]
+		}
+		n, err := r.Read(buf[pending:])
+		if err != nil {
+			return err
+		}
+		data := buf[:pending+n]
+		for {
+			m, err := codec.ParseAnswer(data, &a)
+			if err != nil {
+				return err
+			}
+			if m == 0 {
+				break
+			}
+			switch a.Kind {
+			case 'A':
+				out = codec.AppendRelease(out, a.Token, a.Key)
+			case 'R':
+				done++
+				if started < ops {
+					out = codec.AppendAcquire(out, owner, keys[keyIndex(a.Key)], 30000, 0)
+					started++
+				}
+			default:
+				return fmt.Errorf("unexpected answer %c for %s", a.Kind, a.Key)
+			}
+			data = data[m:]
+		}
+		pending = copy(buf, data)
+	}
+	return nil
+}

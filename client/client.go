@@ -1,0 +1,363 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ticketd/ticketd/codec"
+)
+
+// Client is a connection pool to ticketd. All its methods are safe for
+// concurrent use by any number of goroutines.
+type Client struct {
+	cfg      config
+	addrs    []string
+	addrList string // addrs joined, for errors
+	idPrefix string // client id + "."
+	slots    []*slot
+	rr       atomic.Uint32 // spreads calls over slots
+	seq      atomic.Uint64 // sequence of generated owners
+	closed   atomic.Bool
+	ctx      context.Context // ends at Close: stops dialling and backoff
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	lastErr  atomic.Pointer[error] // last dial error, for calls made while nothing is connected
+}
+
+// Lock is a granted acquire. It is a plain value: copy it, store it, or hand
+// it to another process; the token alone proves holdership.
+type Lock struct {
+	Key   string
+	Token uint64 // fencing token: larger than every token granted for Key before
+	Owner string // the owner name the acquire was sent with
+
+	// Deadline is a local, conservative end of the lease: the lease runs on
+	// the server from the grant, and Deadline counts from an estimate that
+	// is not later than the grant (the moment the request was sent, or for a
+	// grant that waited in the queue, its arrival less one round trip). It
+	// carries a monotonic clock reading, so time.Until(Deadline) is immune
+	// to wall clock changes. The server's clock rate can still differ a
+	// little from the local one: keep a margin.
+	Deadline time.Time
+}
+
+// Dial connects to the ticketd at addr, a host:port or a comma-separated
+// list of them (a cluster: any node serves any key). It returns once at least
+// one connection is up; the others, and any that breaks later, are
+// (re)connected in the background with backoff, trying the addresses in
+// turn. ctx bounds only the first connection attempts.
+//
+// Dial fails with a *ConnError (errors.Is(err, ErrConnBroken)) when no
+// address could be reached, and with ErrInvalid for a bad option.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	var addrs []string
+	for a := range strings.SplitSeq(addr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("%w: no server address given", ErrInvalid)
+	}
+	cl := &Client{
+		cfg:      cfg,
+		addrs:    addrs,
+		addrList: strings.Join(addrs, ","),
+		idPrefix: cfg.clientID + ".",
+	}
+	cl.ctx, cl.cancel = context.WithCancel(context.Background())
+	conns := make([]net.Conn, cfg.conns)
+	var firstErr error
+	up := 0
+	for i := range cfg.conns {
+		s := newSlot(cl, i%len(addrs))
+		cl.slots = append(cl.slots, s)
+		nc, err := s.dial(ctx)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		conns[i] = nc
+		s.head.Store(nil) // take calls at once; the writer drains them when it starts
+		up++
+	}
+	if up == 0 {
+		cl.cancel()
+		return nil, firstErr
+	}
+	for i, s := range cl.slots {
+		cl.wg.Add(1)
+		go s.run(conns[i])
+	}
+	return cl, nil
+}
+
+// Close closes every connection and stops reconnecting. Calls in flight fail
+// with a *ConnError that wraps ErrClosed; later calls return ErrClosed. Locks
+// held stay held until released (by another client, with their tokens) or
+// until their leases end.
+func (cl *Client) Close() error {
+	if !cl.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	cl.cancel()
+	for _, s := range cl.slots {
+		s.closeConn()
+	}
+	cl.wg.Wait()
+	return nil
+}
+
+// Acquire asks for key with a lease of lease, waiting up to wait in the
+// server's queue if the key is held (wait 0: answer at once). Both are sent
+// in whole milliseconds, truncated; lease must be at least 1ms.
+//
+// It returns the Lock, or:
+//   - ErrHeld: held by someone else until the wait passed;
+//   - ErrBusy: the server is at capacity;
+//   - a *ConnError: the connection broke, or none is up (check
+//     errors.Is(err, ErrOutcomeUnknown));
+//   - ErrInvalid (wrapped): a bad key, lease or wait; nothing was sent;
+//   - ctx.Err(): ctx ended first.
+//
+// ctx bounds the call. If it has a deadline, the wait sent is cut to the
+// time left, so that the server gives up too. If ctx ends while the acquire
+// is still queued, Acquire returns at once; should the grant arrive later,
+// the client releases it by itself, so no lock is left behind.
+func (cl *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (Lock, error) {
+	return cl.acquire(ctx, "", key, lease, wait)
+}
+
+// AcquireAs is Acquire with an owner name of the caller's choice instead of a
+// generated one, for owners that people read (logs, admin views). The owner
+// must be unique among the acquires of key this client has in flight on one
+// connection (answers are matched by owner and key); an acquire that would
+// clash fails with ErrInvalid. Names that start with the client id and a dot
+// are reserved for generated owners.
+func (cl *Client) AcquireAs(ctx context.Context, owner, key string, lease, wait time.Duration) (Lock, error) {
+	if len(owner) > codec.MaxOwner || !validText(owner) {
+		return Lock{}, fmt.Errorf("%w: owner %q: want 1 to %d bytes without spaces or control bytes",
+			ErrInvalid, owner, codec.MaxOwner)
+	}
+	if strings.HasPrefix(owner, cl.idPrefix) {
+		return Lock{}, fmt.Errorf("%w: owner %q: the prefix %q is reserved for generated owners",
+			ErrInvalid, owner, cl.idPrefix)
+	}
+	return cl.acquire(ctx, owner, key, lease, wait)
+}
+
+func (cl *Client) acquire(ctx context.Context, owner, key string, lease, wait time.Duration) (Lock, error) {
+	if err := checkKey(key); err != nil {
+		return Lock{}, err
+	}
+	if lease < time.Millisecond || lease > cl.cfg.maxLease {
+		return Lock{}, fmt.Errorf("%w: lease %v: want 1ms to %v", ErrInvalid, lease, cl.cfg.maxLease)
+	}
+	if wait < 0 || wait > cl.cfg.maxWait {
+		return Lock{}, fmt.Errorf("%w: wait %v: want 0 to %v", ErrInvalid, wait, cl.cfg.maxWait)
+	}
+	if err := ctx.Err(); err != nil {
+		return Lock{}, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		if left <= 0 {
+			return Lock{}, context.DeadlineExceeded
+		}
+		wait = min(wait, left)
+	}
+	if cl.closed.Load() {
+		return Lock{}, ErrClosed
+	}
+	c := getCall()
+	c.kind = 'A'
+	c.key = key
+	c.leaseMs = uint64(lease / time.Millisecond)
+	c.waitMs = uint64(wait / time.Millisecond)
+	if owner == "" {
+		c.seq = cl.seq.Add(1)
+	} else {
+		c.owner = owner
+	}
+	if err := cl.submitOrFail(c); err != nil {
+		putCall(c)
+		return Lock{}, err
+	}
+	if !c.wait(ctx) {
+		return Lock{}, ctx.Err()
+	}
+	var l Lock
+	var err error
+	switch {
+	case c.err != nil:
+		err = c.err
+	case c.res == 'A':
+		if owner == "" {
+			var b [codec.MaxOwner]byte
+			owner = string(strconv.AppendUint(append(b[:0], cl.idPrefix...), c.seq, 10))
+		}
+		l = Lock{Key: key, Token: c.resToken, Owner: owner,
+			Deadline: c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)}
+	case c.res == 'T':
+		err = ErrHeld
+	default: // 'B'
+		err = ErrBusy
+	}
+	putCall(c)
+	return l, err
+}
+
+// Release gives up l (by its Key and Token). It returns nil when the server
+// released it, ErrNotHeld when the token does not hold the key (released
+// before, or expired and taken over), a *ConnError, or ctx.Err() if ctx ended
+// first; in the last two cases the release may still have been carried out.
+func (cl *Client) Release(ctx context.Context, l Lock) error {
+	if err := checkKey(l.Key); err != nil {
+		return err
+	}
+	if l.Token == 0 {
+		return fmt.Errorf("%w: token 0 (not a granted lock)", ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if cl.closed.Load() {
+		return ErrClosed
+	}
+	c := getCall()
+	c.kind = 'R'
+	c.key = l.Key
+	c.token = l.Token
+	if err := cl.submitOrFail(c); err != nil {
+		putCall(c)
+		return err
+	}
+	if !c.wait(ctx) {
+		return ctx.Err()
+	}
+	var err error
+	switch {
+	case c.err != nil:
+		err = c.err
+	case c.res == 'N':
+		err = ErrNotHeld
+	}
+	putCall(c)
+	return err
+}
+
+func checkKey(key string) error {
+	if len(key) > codec.MaxKey || !validText(key) {
+		return fmt.Errorf("%w: key %q: want 1 to %d bytes without spaces or control bytes",
+			ErrInvalid, key, codec.MaxKey)
+	}
+	return nil
+}
+
+// submitOrFail hands c to a connection, or says why none takes it.
+func (cl *Client) submitOrFail(c *call) error {
+	if cl.submit(c, nil) {
+		return nil
+	}
+	if cl.closed.Load() {
+		return ErrClosed
+	}
+	cause := errors.New("no connection is up")
+	if p := cl.lastErr.Load(); p != nil {
+		cause = *p
+	}
+	return &ConnError{Addr: cl.addrList, Err: cause}
+}
+
+// submit pushes c onto the queue of an open connection other than except,
+// taking them in turn.
+func (cl *Client) submit(c *call, except *slot) bool {
+	n := uint32(len(cl.slots))
+	i0 := cl.rr.Add(1)
+	for i := range n {
+		s := cl.slots[(i0+i)%n]
+		if s != except && s.push(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// Call states. A caller that gives up moves waiting to abandoned and so
+// hands the call to the connection, which recycles it (and releases a late
+// grant); otherwise the connection moves it to done and signals the caller,
+// which recycles it.
+const (
+	stWaiting uint32 = iota
+	stAbandoned
+	stDone
+)
+
+// call is the state of one request, from a sync.Pool.
+type call struct {
+	next     *call // in a connection's submission stack, or a release chain in pending
+	state    atomic.Uint32
+	kind     byte // 'A' or 'R'
+	internal bool // a release the client sends by itself: nobody waits for it
+	seq      uint64
+	owner    string // AcquireAs only
+	key      string
+	leaseMs  uint64
+	waitMs   uint64
+	token    uint64
+	sent     time.Time // when the batch holding the request was written
+
+	// Set by the connection before done is signalled.
+	res      byte // answer kind
+	resToken uint64
+	start    time.Time // grant time estimate (acquire)
+	err      error
+	done     chan struct{} // capacity 1, one signal per use
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+func getCall() *call { return callPool.Get().(*call) }
+
+func putCall(c *call) {
+	c.next = nil
+	c.state.Store(stWaiting)
+	c.internal = false
+	c.seq, c.leaseMs, c.waitMs, c.token, c.resToken = 0, 0, 0, 0, 0
+	c.owner, c.key = "", ""
+	c.sent, c.start = time.Time{}, time.Time{}
+	c.res = 0
+	c.err = nil
+	callPool.Put(c)
+}
+
+// wait blocks until the call is answered (true) or ctx ends and the call is
+// handed to the connection (false; the caller must not touch c again).
+func (c *call) wait(ctx context.Context) bool {
+	select {
+	case <-c.done:
+		return true
+	case <-ctx.Done():
+		if c.state.CompareAndSwap(stWaiting, stAbandoned) {
+			return false
+		}
+		<-c.done // answered just now
+		return true
+	}
+}

@@ -1,0 +1,490 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ticketd/ticketd/codec"
+)
+
+// A slot is one of the client's connections, across reconnects. Per live TCP
+// connection it runs two goroutines: the reader (the slot's run goroutine,
+// which also redials) and a writer.
+//
+// Callers push requests onto a lock-free stack (head); the writer takes the
+// whole stack at once, registers the batch in the pending maps under one
+// lock, encodes it and writes it with one Write. The reader parses every
+// answer of one Read and matches them under one lock. So the hot path takes
+// no lock per request, only per batch, and batches grow with the load. When
+// the connection is down, head holds closedCall and pushes fail, so a caller
+// moves on to another slot instead of queueing behind a dead one.
+type slot struct {
+	cl   *Client
+	head atomic.Pointer[call]
+	wake chan struct{} // capacity 1: the stack went from empty to not empty
+	rtt  atomic.Int64  // latest round trip of an answer that did not wait, ns
+
+	mu    sync.Mutex       // guards the pending maps
+	acq   map[uint64]*call // acquires with generated owners, by sequence
+	named map[string]*call // AcquireAs, by owner + "\x00" + key
+	rel   map[uint64]*call // releases by token, chained through next in send order
+
+	ncMu sync.Mutex // guards nc against Close
+	nc   net.Conn
+
+	// Owned by the run goroutine.
+	addrIdx int
+	addr    string
+}
+
+// closedCall marks the stack of a slot whose connection is down.
+var closedCall = &call{}
+
+func newSlot(cl *Client, addrIdx int) *slot {
+	s := &slot{
+		cl:      cl,
+		wake:    make(chan struct{}, 1),
+		acq:     make(map[uint64]*call),
+		named:   make(map[string]*call),
+		rel:     make(map[uint64]*call),
+		addrIdx: addrIdx,
+	}
+	s.head.Store(closedCall)
+	return s
+}
+
+// push queues c for the writer; false if the connection is down.
+func (s *slot) push(c *call) bool {
+	for {
+		h := s.head.Load()
+		if h == closedCall {
+			return false
+		}
+		c.next = h
+		if s.head.CompareAndSwap(h, c) {
+			if h == nil {
+				select {
+				case s.wake <- struct{}{}:
+				default:
+				}
+			}
+			return true
+		}
+	}
+}
+
+func (s *slot) closeConn() {
+	s.ncMu.Lock()
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	s.ncMu.Unlock()
+}
+
+// dial tries every address once, starting with the one last used.
+func (s *slot) dial(ctx context.Context) (net.Conn, error) {
+	addrs := s.cl.addrs
+	var errs []error
+	for i := range addrs {
+		j := (s.addrIdx + i) % len(addrs)
+		var d net.Dialer
+		dctx, cancel := context.WithTimeout(ctx, s.cl.cfg.dialTimeout)
+		t0 := time.Now()
+		nc, err := d.DialContext(dctx, "tcp", addrs[j])
+		cancel()
+		if err == nil {
+			s.addrIdx, s.addr = j, addrs[j]
+			s.rtt.Store(int64(time.Since(t0))) // a handshake is one round trip
+			return nc, nil
+		}
+		errs = append(errs, err)
+	}
+	err := errs[0]
+	if len(errs) > 1 {
+		err = errors.Join(errs...)
+	}
+	s.cl.lastErr.Store(&err)
+	return nil, &ConnError{Addr: s.cl.addrList, Err: err}
+}
+
+// run serves nc (if not nil), then redials with backoff until Close.
+func (s *slot) run(nc net.Conn) {
+	defer s.cl.wg.Done()
+	attempt := 0
+	for {
+		if nc != nil {
+			attempt = 0
+			s.serve(nc)
+			nc = nil
+		}
+		if s.cl.closed.Load() {
+			return
+		}
+		d := s.cl.cfg.backoffMin << min(attempt, 20)
+		if d > s.cl.cfg.backoffMax || d <= 0 {
+			d = s.cl.cfg.backoffMax
+		}
+		d = d/2 + rand.N(d/2+1) // jitter, so that many clients do not return at once
+		attempt++
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-s.cl.ctx.Done():
+			t.Stop()
+			return
+		}
+		nc, _ = s.dial(s.cl.ctx)
+	}
+}
+
+// serve runs one TCP connection until it breaks or the client closes, then
+// fails what it leaves unanswered.
+func (s *slot) serve(nc net.Conn) {
+	s.ncMu.Lock()
+	s.nc = nc
+	if s.cl.closed.Load() {
+		nc.Close() // Close came first: the read fails at once, and the teardown below runs
+	}
+	s.ncMu.Unlock()
+
+	// Open the stack before the writer starts: the writer must never take
+	// the closed mark for a call.
+	s.head.CompareAndSwap(closedCall, nil)
+	stop := make(chan struct{})
+	wdone := make(chan struct{})
+	go s.writeLoop(nc, stop, wdone)
+
+	err := s.readLoop(nc)
+
+	close(stop)
+	nc.Close()
+	<-wdone
+	s.ncMu.Lock()
+	s.nc = nil
+	s.ncMu.Unlock()
+	if s.cl.closed.Load() {
+		err = ErrClosed
+	}
+
+	// Requests never written: another connection may carry them; if none
+	// is up they fail as certainly not carried out.
+	for c := s.head.Swap(closedCall); c != nil; {
+		next := c.next
+		c.next = nil
+		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) {
+			c = next
+			continue
+		}
+		c.err = &ConnError{Addr: s.addr, Err: err}
+		s.finish(c)
+		c = next
+	}
+
+	// Requests written and unanswered: the server may have acted on them.
+	s.mu.Lock()
+	var lost []*call
+	for k, c := range s.acq {
+		lost = append(lost, c)
+		delete(s.acq, k)
+	}
+	for k, c := range s.named {
+		lost = append(lost, c)
+		delete(s.named, k)
+	}
+	for k, c := range s.rel {
+		for ; c != nil; c = c.next {
+			lost = append(lost, c)
+		}
+		delete(s.rel, k)
+	}
+	s.mu.Unlock()
+	for _, c := range lost {
+		c.next = nil
+		c.err = &ConnError{Addr: s.addr, Unknown: true, Err: err}
+		s.finish(c)
+	}
+}
+
+// finish hands an answered (or failed) call back: to its waiting caller, or,
+// if the caller gave up, recycles it and releases a grant nobody wants.
+func (s *slot) finish(c *call) {
+	if c.internal {
+		putCall(c)
+		return
+	}
+	if c.state.CompareAndSwap(stWaiting, stDone) {
+		c.done <- struct{}{}
+		return
+	}
+	if c.kind == 'A' && c.res == 'A' && c.err == nil {
+		r := getCall()
+		r.kind, r.internal, r.key, r.token = 'R', true, c.key, c.resToken
+		if !s.push(r) && !s.cl.submit(r, s) {
+			putCall(r) // no connection: the lease ends by itself
+		}
+	}
+	putCall(c)
+}
+
+// writeLoop encodes and writes batches of queued requests until stop.
+func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{}) {
+	defer close(wdone)
+	var (
+		out     []byte
+		batch   []*call
+		refused []*call
+		owner   []byte
+		key     []byte
+		named   []byte
+	)
+	for {
+		h := s.head.Swap(nil)
+		if h == nil {
+			select {
+			case <-s.wake:
+				continue
+			case <-stop:
+				return
+			}
+		}
+		batch = appendStack(batch, h)
+		// Callers that the reader just woke are about to push their next
+		// requests: let them run first, and write all of it at once. One
+		// write per request would cost a syscall each.
+		for range maxYields {
+			runtime.Gosched()
+			if h = s.head.Swap(nil); h == nil {
+				break
+			}
+			batch = appendStack(batch, h)
+		}
+		now := time.Now()
+		out = out[:0]
+		s.mu.Lock()
+		for _, c := range batch {
+			if !c.internal && c.state.Load() == stAbandoned {
+				putCall(c)
+				continue
+			}
+			c.sent = now
+			key = append(key[:0], c.key...)
+			switch {
+			case c.kind == 'R':
+				if first := s.rel[c.token]; first == nil {
+					s.rel[c.token] = c
+				} else {
+					for first.next != nil {
+						first = first.next
+					}
+					first.next = c
+				}
+				out = codec.AppendRelease(out, c.token, key)
+			case c.owner == "":
+				s.acq[c.seq] = c
+				owner = append(owner[:0], s.cl.idPrefix...)
+				owner = strconv.AppendUint(owner, c.seq, 10)
+				out = codec.AppendAcquire(out, owner, key, c.leaseMs, c.waitMs)
+			default:
+				named = append(append(append(named[:0], c.owner...), 0), c.key...)
+				if s.named[string(named)] != nil {
+					refused = append(refused, c)
+					continue
+				}
+				s.named[string(named)] = c
+				owner = append(owner[:0], c.owner...)
+				out = codec.AppendAcquire(out, owner, key, c.leaseMs, c.waitMs)
+			}
+		}
+		s.mu.Unlock()
+		clear(batch)
+		batch = batch[:0]
+		for _, c := range refused {
+			c.err = fmt.Errorf("%w: owner %q already has an acquire of key %q in flight", ErrInvalid, c.owner, c.key)
+			s.finish(c)
+		}
+		clear(refused)
+		refused = refused[:0]
+		if len(out) == 0 {
+			continue
+		}
+		if _, err := nc.Write(out); err != nil {
+			nc.Close() // the reader sees it and fails what is pending
+			<-stop
+			return
+		}
+		if cap(out) > 1<<20 {
+			out = nil // one burst should not pin a large buffer
+		}
+	}
+}
+
+// maxYields bounds how often the writer yields to collect a batch.
+const maxYields = 4
+
+// appendStack appends the calls of a taken stack to batch in the order they
+// were pushed (the stack holds the latest first).
+func appendStack(batch []*call, h *call) []*call {
+	n := len(batch)
+	for c := h; c != nil; {
+		next := c.next
+		c.next = nil
+		batch = append(batch, c)
+		c = next
+	}
+	slices.Reverse(batch[n:])
+	return batch
+}
+
+// readLoop reads and matches answers until the connection breaks, the server
+// sends E, or it breaks the protocol; it returns the cause.
+func (s *slot) readLoop(nc net.Conn) error {
+	buf := make([]byte, 64<<10)
+	var (
+		start, end int
+		a          codec.Answer
+		batch      []*call
+		named      []byte
+	)
+	for {
+		n, rerr := nc.Read(buf[end:])
+		end += n
+		if n > 0 {
+			now := time.Now()
+			var perr error
+			s.mu.Lock()
+			for start < end {
+				m, err := codec.ParseAnswer(buf[start:end], &a)
+				if err != nil {
+					perr = &ProtocolError{Text: err.Error()}
+					break
+				}
+				if m == 0 {
+					break
+				}
+				start += m
+				if a.Kind == 'E' {
+					perr = &ServerError{Code: string(a.Code), Text: string(a.Text)}
+					break
+				}
+				var c *call
+				c, named = s.match(&a, named)
+				if c == nil {
+					perr = &ProtocolError{Text: fmt.Sprintf("answer %q matches no request", line(buf[start-m:start]))}
+					break
+				}
+				c.res, c.resToken = a.Kind, a.Token
+				if c.kind == 'R' || c.waitMs == 0 {
+					s.rtt.Store(int64(now.Sub(c.sent)))
+					c.start = c.sent
+				} else {
+					// A grant that may have waited: it happened after the
+					// send and about a round trip before now.
+					c.start = now.Add(-time.Duration(s.rtt.Load()))
+					if c.start.Before(c.sent) {
+						c.start = c.sent
+					}
+				}
+				batch = append(batch, c)
+			}
+			s.mu.Unlock()
+			// Answers before an E line or a bad one are good.
+			for _, c := range batch {
+				s.finish(c)
+			}
+			clear(batch)
+			batch = batch[:0]
+			if perr != nil {
+				return perr
+			}
+			if start == end {
+				start, end = 0, 0
+			} else if len(buf)-end < codec.MaxLine {
+				end = copy(buf, buf[start:end])
+				start = 0
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, net.ErrClosed) && s.cl.closed.Load() {
+				return ErrClosed
+			}
+			return rerr
+		}
+	}
+}
+
+// match finds and removes the pending call that answer a belongs to; nil if
+// none does. Called with s.mu held.
+func (s *slot) match(a *codec.Answer, scratch []byte) (*call, []byte) {
+	switch a.Kind {
+	case 'R', 'N':
+		var prev *call
+		for c := s.rel[a.Token]; c != nil; prev, c = c, c.next {
+			if c.key != string(a.Key) {
+				continue
+			}
+			switch {
+			case prev != nil:
+				prev.next = c.next
+			case c.next != nil:
+				s.rel[a.Token] = c.next
+			default:
+				delete(s.rel, a.Token)
+			}
+			c.next = nil
+			return c, scratch
+		}
+		return nil, scratch
+	}
+	// A, T, B: a generated owner is the client id, a dot and the sequence.
+	if p := s.cl.idPrefix; len(a.Owner) > len(p) && string(a.Owner[:len(p)]) == p {
+		if seq, ok := parseSeq(a.Owner[len(p):]); ok {
+			if c := s.acq[seq]; c != nil && c.key == string(a.Key) {
+				delete(s.acq, seq)
+				return c, scratch
+			}
+		}
+	}
+	scratch = append(append(append(scratch[:0], a.Owner...), 0), a.Key...)
+	if c := s.named[string(scratch)]; c != nil {
+		delete(s.named, string(scratch))
+		return c, scratch
+	}
+	return nil, scratch
+}
+
+// parseSeq parses the decimal sequence of a generated owner (no allocation,
+// unlike strconv on a converted string).
+func parseSeq(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 20 || (b[0] == '0') {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if v > (1<<64-1-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
+}
+
+// line returns an answer without its line end, for error messages.
+func line(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}

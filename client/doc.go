@@ -1,0 +1,48 @@
+// Package client provides the Go client of ticketd, a lock server whose locks
+// carry fencing tokens.
+//
+// A Client keeps a few persistent connections (WithConns, default 2) and is
+// safe for concurrent use by any number of goroutines. Calls from all of them
+// are pipelined: each connection has one writer goroutine that sends whatever
+// has queued up with one write, and one reader goroutine that matches answers
+// as they come, in any order. Acquires are matched by owner and key (each
+// acquire gets its own owner, "<client-id>.<sequence>"), releases by token and
+// key. A call takes no lock of its own and starts no goroutine; its state
+// comes from a sync.Pool.
+//
+// # Locks, leases and fencing
+//
+// Acquire returns a Lock: the key, a fencing token and the local deadline of
+// its lease. The lease is the server's promise; the lock ends when it is
+// released or when the lease runs out, whichever comes first, and a process
+// can stall (a GC pause, a swapped-out page) past its deadline without
+// noticing. That is why every grant carries a token larger than every token
+// granted for that key before: send it with each write to the resource the
+// lock guards, and have the resource refuse a token lower than the highest it
+// has seen. See the Fencing example.
+//
+// # Errors
+//
+// The server's refusals are plain values: ErrHeld (T: held by someone else
+// past the wait), ErrBusy (B: at capacity) and ErrNotHeld (N: the token does
+// not hold the key). A call that loses its connection fails with a *ConnError
+// (errors.Is(err, ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells
+// whether the request had been sent, so that the server may have carried it
+// out. An E line from the server (it could not parse a request) fails every
+// call unanswered on that connection with a *ConnError wrapping a
+// *ServerError. The client checks keys, owners, leases and waits before
+// sending, so that one bad call cannot take down the calls of others.
+//
+// A broken connection is redialled in the background with backoff, trying
+// the addresses given to Dial in turn; while it is down, calls go to the
+// other connections, or fail at once with a *ConnError (Unknown false) when
+// none is up.
+//
+// # Contexts
+//
+// The context bounds each call. Acquire cuts the wait it sends to the
+// context's deadline. If the context ends while the server still has the
+// acquire queued, Acquire returns at once with ctx.Err(), and if the grant
+// arrives later the client releases it by itself, so that nothing is left
+// held.
+package client

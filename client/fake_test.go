@@ -1,0 +1,379 @@
+package client_test
+
+// Tests against a scripted server on loopback: answer orders and failures that
+// a real ticketd produces only by chance.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/client"
+	"github.com/ticketd/ticketd/codec"
+)
+
+// fakeServer accepts connections on loopback and runs handle on each.
+func fakeServer(t *testing.T, handle func(nc net.Conn, r *bufio.Reader)) (addr string, closeListener func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var once sync.Once
+	closeListener = func() { once.Do(func() { ln.Close() }) }
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer nc.Close()
+				handle(nc, bufio.NewReader(nc))
+			}()
+		}
+	}()
+	t.Cleanup(func() { closeListener(); wg.Wait() })
+	return ln.Addr().String(), closeListener
+}
+
+func readFields(t *testing.T, r *bufio.Reader) []string {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(line)
+}
+
+// Answers in the reverse order of the requests reach the right callers.
+func TestOutOfOrderAnswers(t *testing.T) {
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		var reqs [][]string
+		for len(reqs) < 4 {
+			f := readFields(t, r)
+			if f == nil {
+				return
+			}
+			reqs = append(reqs, f)
+		}
+		for i := len(reqs) - 1; i >= 0; i-- {
+			f := reqs[i]
+			switch f[0] {
+			case "A": // A owner key lease wait: token from the key's number
+				fmt.Fprintf(nc, "A %s %s %s\n", strings.TrimPrefix(f[2], "k"), f[1], f[2])
+			case "R": // R token key: only key r1 is held
+				if f[2] == "r1" {
+					fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+				} else {
+					fmt.Fprintf(nc, "N %s %s\n", f[1], f[2])
+				}
+			}
+		}
+		r.ReadByte() // until the client goes
+	})
+	cl := dial(t, addr, client.WithConns(1))
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	for _, n := range []int{7, 9} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := cl.Acquire(ctx, fmt.Sprintf("k%d", n), time.Second, 0)
+			if err != nil || l.Token != uint64(n) {
+				t.Errorf("Acquire(k%d) = %+v, %v; want token %d", n, l, err, n)
+			}
+		}()
+	}
+	// Same token, different keys: matched by token and key.
+	for _, key := range []string{"r1", "r2"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := cl.Release(ctx, client.Lock{Key: key, Token: 5})
+			if want := map[string]error{"r1": nil, "r2": client.ErrNotHeld}[key]; err != want {
+				t.Errorf("Release(%s) = %v, want %v", key, err, want)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// A connection that breaks with a request in flight fails it as unknown;
+// with nothing to connect to, calls fail at once as not sent.
+func TestBrokenConnection(t *testing.T) {
+	accepted := make(chan struct{}, 1)
+	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		accepted <- struct{}{}
+		readFields(t, r) // then close
+	})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
+	<-accepted
+	closeListener()
+	ctx := testCtx(t)
+	_, err := cl.Acquire(ctx, "k", time.Second, 0)
+	var ce *client.ConnError
+	if !errors.As(err, &ce) || !ce.Unknown || !errors.Is(err, client.ErrOutcomeUnknown) || !errors.Is(err, client.ErrConnBroken) {
+		t.Fatalf("Acquire over a connection closed mid-call: %v, want a ConnError with Unknown", err)
+	}
+	t0 := time.Now()
+	err = cl.Release(ctx, client.Lock{Key: "k", Token: 1})
+	if !errors.As(err, &ce) || ce.Unknown || errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("Release with no connection: %v, want a ConnError without Unknown", err)
+	}
+	if time.Since(t0) > 100*time.Millisecond {
+		t.Errorf("a call with no connection took %v", time.Since(t0))
+	}
+}
+
+// An answer that matches nothing is a protocol violation: the connection goes.
+func TestUnmatchedAnswer(t *testing.T) {
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		if readFields(t, r) == nil {
+			return
+		}
+		fmt.Fprintf(nc, "A 5 stranger k\n")
+		r.ReadByte()
+	})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
+	_, err := cl.Acquire(testCtx(t), "k", time.Second, 0)
+	var pe *client.ProtocolError
+	if !errors.As(err, &pe) || !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("Acquire answered for another owner: %v, want a ProtocolError", err)
+	}
+}
+
+// Close fails calls in flight and refuses later ones.
+func TestClose(t *testing.T) {
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		for readFields(t, r) != nil { // never answers
+		}
+	})
+	cl := dial(t, addr)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cl.Acquire(context.Background(), "k", time.Second, time.Minute)
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cl.Close()
+	if err := <-errc; !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("Acquire in flight at Close: %v, want ErrClosed", err)
+	}
+	if _, err := cl.Acquire(context.Background(), "k", time.Second, 0); err != client.ErrClosed {
+		t.Fatalf("Acquire after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestInvalidArguments(t *testing.T) {
+	sent := make(chan string, 10)
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			sent <- line
+		}
+	})
+	cl := dial(t, addr, client.WithConns(1))
+	ctx := testCtx(t)
+	long := strings.Repeat("k", 251)
+	for name, err := range map[string]error{
+		"empty key":      errOf(cl.Acquire(ctx, "", time.Second, 0)),
+		"space in key":   errOf(cl.Acquire(ctx, "a b", time.Second, 0)),
+		"control byte":   errOf(cl.Acquire(ctx, "a\x01", time.Second, 0)),
+		"long key":       errOf(cl.Acquire(ctx, long, time.Second, 0)),
+		"zero lease":     errOf(cl.Acquire(ctx, "k", 0, 0)),
+		"sub-ms lease":   errOf(cl.Acquire(ctx, "k", time.Microsecond, 0)),
+		"long lease":     errOf(cl.Acquire(ctx, "k", 2*time.Hour, 0)),
+		"negative wait":  errOf(cl.Acquire(ctx, "k", time.Second, -1)),
+		"long wait":      errOf(cl.Acquire(ctx, "k", time.Second, 2*time.Hour)),
+		"owner space":    errOf(cl.AcquireAs(ctx, "a b", "k", time.Second, 0)),
+		"owner long":     errOf(cl.AcquireAs(ctx, strings.Repeat("o", 129), "k", time.Second, 0)),
+		"token 0":        cl.Release(ctx, client.Lock{Key: "k"}),
+		"release no key": cl.Release(ctx, client.Lock{Token: 1}),
+	} {
+		if !errors.Is(err, client.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if _, err := client.Dial(ctx, addr, client.WithConns(0)); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("WithConns(0): %v, want ErrInvalid", err)
+	}
+	if _, err := client.Dial(ctx, addr, client.WithClientID("a b")); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("WithClientID(\"a b\"): %v, want ErrInvalid", err)
+	}
+	select {
+	case line := <-sent:
+		t.Errorf("an invalid call was sent: %q", line)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func errOf(_ client.Lock, err error) error { return err }
+
+func TestDialRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	_, err = client.Dial(testCtx(t), addr)
+	if !errors.Is(err, client.ErrConnBroken) || !strings.Contains(err.Error(), "connection refused") ||
+		!strings.Contains(err.Error(), addr) {
+		t.Fatalf("Dial to a closed port: %v, want a ConnError naming the address and the refusal", err)
+	}
+}
+
+// A grant that arrives after its caller gave up is released by the client.
+func TestLateGrantReleased(t *testing.T) {
+	queued := make(chan []string, 1)
+	cancelled := make(chan struct{})
+	released := make(chan []string, 1)
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		f := readFields(t, r)
+		if f == nil {
+			return
+		}
+		queued <- f // A owner key lease wait: keep it queued
+		select {
+		case <-cancelled:
+		case <-time.After(10 * time.Second):
+			return
+		}
+		fmt.Fprintf(nc, "A 77 %s %s\n", f[1], f[2])
+		if f = readFields(t, r); f != nil {
+			released <- f
+			fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+		}
+		r.ReadByte()
+	})
+	cl := dial(t, addr, client.WithConns(1))
+	ctx, cancel := context.WithCancel(context.Background()) // no deadline: the wait is sent as is
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cl.Acquire(ctx, "k", time.Second, time.Minute)
+		errc <- err
+	}()
+	if f := <-queued; len(f) != 5 || f[4] != "60000" {
+		t.Fatalf("acquire sent as %q, want wait 60000", f)
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: %v", err)
+	}
+	close(cancelled)
+	select {
+	case f := <-released:
+		if strings.Join(f, " ") != "R 77 k" {
+			t.Fatalf("after the late grant the client sent %q, want R 77 k", f)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the late grant was not released")
+	}
+}
+
+// The wait sent is cut to the context's deadline.
+func TestWaitCutToDeadline(t *testing.T) {
+	got := make(chan []string, 1)
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		f := readFields(t, r)
+		got <- f
+		fmt.Fprintf(nc, "T %s %s\n", f[1], f[2])
+		r.ReadByte()
+	})
+	cl := dial(t, addr, client.WithConns(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := cl.Acquire(ctx, "k", time.Second, time.Hour); err != client.ErrHeld {
+		t.Fatalf("Acquire: %v, want ErrHeld", err)
+	}
+	f := <-got
+	if w, _ := strconv.Atoi(f[4]); w > 2000 || w < 1500 {
+		t.Fatalf("wait sent %s ms, want at most the 2s left", f[4])
+	}
+}
+
+// With several addresses, an unreachable one is skipped, at Dial and after.
+func TestSeveralAddresses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	var mu sync.Mutex
+	conns := 0
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		mu.Lock()
+		conns++
+		mu.Unlock()
+		for f := readFields(t, r); f != nil; f = readFields(t, r) {
+			fmt.Fprintf(nc, "T %s %s\n", f[1], f[2])
+		}
+	})
+	cl := dial(t, dead+", "+addr, client.WithConns(3))
+	for range 6 {
+		if _, err := cl.Acquire(testCtx(t), "k", time.Second, 0); err != client.ErrHeld {
+			t.Fatalf("Acquire: %v, want ErrHeld from the live address", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 3 {
+		t.Errorf("%d connections to the live address, want all 3", conns)
+	}
+}
+
+// Reconnects again and again: every frame the client sends stays valid and
+// calls succeed once a connection is back.
+func TestReconnect(t *testing.T) {
+	var mu sync.Mutex
+	var bad []string
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		var req codec.Request
+		if n, perr := codec.ParseRequest(line, codec.Limits{}, &req); n == 0 || perr != nil {
+			mu.Lock()
+			bad = append(bad, string(line))
+			mu.Unlock()
+			return
+		}
+		fmt.Fprintf(nc, "T %s %s\n", req.Owner, req.Key) // then close: one answer per connection
+	})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Millisecond, 2*time.Millisecond))
+	ctx := testCtx(t)
+	held := 0
+	for held < 30 {
+		_, err := cl.Acquire(ctx, "k", time.Second, 0)
+		switch {
+		case err == client.ErrHeld:
+			held++
+		case errors.Is(err, client.ErrConnBroken):
+			// Sent on a connection about to close (unknown), or none up.
+			time.Sleep(time.Millisecond)
+		default:
+			t.Fatalf("Acquire: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 {
+		t.Fatalf("invalid frames sent after reconnecting: %q", bad)
+	}
+}

@@ -1,0 +1,513 @@
+package main
+
+// These tests run the built ticketctl as a user would, against a ticketd
+// started on loopback, with the test binary itself as the command of run.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	ticketdBin, ticketctlBin    string
+	ctlBuildErr, serverBuildErr error // tests that need the binary fail with it; the others still run
+)
+
+const childEnv = "TICKETCTL_TEST_CHILD" // set: the test binary plays a command for run
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		os.Exit(child(mode, os.Args[1:]))
+	}
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "ticketctl-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	ticketdBin = filepath.Join(dir, "ticketd")
+	ticketctlBin = filepath.Join(dir, "ticketctl")
+	ctlArgs := []string{"build", "-o", ticketctlBin}
+	if raceEnabled {
+		ctlArgs = append(ctlArgs, "-race")
+	}
+	ctlBuildErr = build(append(ctlArgs, "github.com/ticketd/ticketd/cmd/ticketctl"))
+	serverBuildErr = build([]string{"build", "-o", ticketdBin, "github.com/ticketd/ticketd/cmd/ticketd"})
+	return m.Run()
+}
+
+func build(args []string) error {
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// child is a command for run to hold the lock around.
+func child(mode string, args []string) int {
+	switch mode {
+	case "env": // print the lock, exit with args[0]
+		fmt.Printf("key=%s token=%s deadline=%s addr=%s\n", os.Getenv("TICKETD_KEY"), os.Getenv("TICKETD_TOKEN"),
+			os.Getenv("TICKETD_DEADLINE"), os.Getenv("TICKETD_ADDR"))
+		code, _ := strconv.Atoi(args[0])
+		return code
+	case "critical": // append start and end of a critical section to args[0]
+		d, _ := time.ParseDuration(args[1])
+		f, err := os.OpenFile(args[0], os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer f.Close()
+		tok := os.Getenv("TICKETD_TOKEN")
+		fmt.Fprintf(f, "start %d %s\n", time.Now().UnixNano(), tok)
+		time.Sleep(d)
+		fmt.Fprintf(f, "end %d %s\n", time.Now().UnixNano(), tok)
+		return 0
+	case "trap": // say ready, exit 42 on SIGTERM
+		sigc := make(chan os.Signal, 1)
+		signal.Notify(sigc, syscall.SIGTERM)
+		fmt.Println("ready")
+		select {
+		case <-sigc:
+			fmt.Println("got SIGTERM")
+			return 42
+		case <-time.After(30 * time.Second):
+			return 0
+		}
+	case "stubborn": // ignore SIGTERM, sleep args[0]
+		signal.Ignore(syscall.SIGTERM)
+		d, _ := time.ParseDuration(args[0])
+		fmt.Println("ready")
+		time.Sleep(d)
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "unknown child mode", mode)
+	return 1
+}
+
+// childCmd is the argv of run's command for a child mode.
+func childCmd(mode string, args ...string) []string {
+	return append([]string{"env", childEnv + "=" + mode, os.Args[0]}, args...)
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+	took           time.Duration
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d after %v\nstdout: %s\nstderr: %s", r.code, r.took.Round(time.Millisecond), r.stdout, r.stderr)
+}
+
+// runCtl runs ticketctl with args and extra environment to its end.
+func runCtl(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	if ctlBuildErr != nil {
+		t.Fatal(ctlBuildErr)
+	}
+	cmd := exec.Command(ticketctlBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	t0 := time.Now()
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("ticketctl %s: no exit within 60s", strings.Join(args, " "))
+	}
+	return result{cmd.ProcessState.ExitCode(), out.String(), errb.String(), time.Since(t0)}
+}
+
+// lockedBuffer is written by a process and read by the test meanwhile.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+type running struct {
+	cmd            *exec.Cmd
+	stdout, stderr *lockedBuffer
+	t0             time.Time
+	done           chan struct{}
+}
+
+// start runs ticketctl in the background; wait collects it.
+func start(t *testing.T, args ...string) *running {
+	t.Helper()
+	if ctlBuildErr != nil {
+		t.Fatal(ctlBuildErr)
+	}
+	r := &running{cmd: exec.Command(ticketctlBin, args...), stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	r.cmd.Stdout, r.cmd.Stderr = r.stdout, r.stderr
+	r.t0 = time.Now()
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.cmd.Wait(); close(r.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-r.done:
+		default:
+			r.cmd.Process.Kill()
+			<-r.done
+		}
+	})
+	return r
+}
+
+func (r *running) wait(t *testing.T) result {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("ticketctl %s: no exit within 60s\nstderr: %s", strings.Join(r.cmd.Args[1:], " "), r.stderr)
+	}
+	return result{r.cmd.ProcessState.ExitCode(), r.stdout.String(), r.stderr.String(), time.Since(r.t0)}
+}
+
+func waitOutput(t *testing.T, b *lockedBuffer, want string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(b.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in output within 20s; have %q", want, b.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startServer starts a ticketd on a free loopback port and stops it (SIGTERM
+// to its pid) at cleanup.
+func startServer(t *testing.T, flags ...string) string {
+	t.Helper()
+	if serverBuildErr != nil {
+		t.Fatal(serverBuildErr)
+	}
+	args := append([]string{"--listen", "127.0.0.1:0", "--log-format", "json", "--data-dir", t.TempDir()}, flags...)
+	cmd := exec.Command(ticketdBin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	addrc := make(chan string, 1)
+	var logMu sync.Mutex
+	var logTail []string
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() {
+			logMu.Lock()
+			logTail = append(logTail, sc.Text())
+			logMu.Unlock()
+			var rec struct{ Msg, Addr string }
+			if !sent && json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+				addrc <- rec.Addr
+				sent = true
+			}
+		}
+	}()
+	go func() { cmd.Wait(); close(exited) }()
+	logs := func() string { logMu.Lock(); defer logMu.Unlock(); return strings.Join(logTail, "\n") }
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+			t.Errorf("ticketd did not exit within 10s of SIGTERM\n%s", logs())
+		}
+	})
+	select {
+	case addr := <-addrc:
+		return addr
+	case <-exited:
+		t.Fatalf("ticketd exited before listening\n%s", logs())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("ticketd did not log \"listening\" within 20s\n%s", logs())
+	}
+	return ""
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"acquire", "--help"}, {"release", "-h"}, {"run", "--help"}, {"help", "run"}} {
+		r := runCtl(t, nil, args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "Usage: ticketctl") || !strings.Contains(r.stdout, "3  held") {
+			t.Errorf("ticketctl %s: want usage with the exit codes on stdout, exit 0; got %v", strings.Join(args, " "), r)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Usage: ticketctl"},
+		{[]string{"frob"}, `unknown command "frob"`},
+		{[]string{"acquire"}, "want one KEY"},
+		{[]string{"acquire", "k", "--lease", "soon"}, "invalid value"},
+		{[]string{"release", "k"}, "want KEY and TOKEN"},
+		{[]string{"release", "k", "0"}, "TOKEN"},
+		{[]string{"release", "k", "-3"}, "flag provided but not defined"},
+		{[]string{"run", "k"}, "no COMMAND given"},
+	} {
+		r := runCtl(t, nil, c.args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("ticketctl %s: want exit 2 and %q on stderr; got %v", strings.Join(c.args, " "), c.want, r)
+		}
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	for _, r := range []result{
+		runCtl(t, nil, "acquire", "k", "--addr", addr),
+		runCtl(t, []string{"TICKETD_ADDR=" + addr}, "release", "k", "7"),
+		runCtl(t, nil, "--addr", addr, "run", "k", "--", "true"),
+	} {
+		want := "cannot reach ticketd at " + addr + ": connection refused; is it running? start it with `ticketd`"
+		if r.code != exitError || !strings.Contains(r.stderr, want) {
+			t.Errorf("want exit 1 and %q; got %v", want, r)
+		}
+	}
+}
+
+func TestAcquireRelease(t *testing.T) {
+	addr := startServer(t)
+	env := []string{"TICKETD_ADDR=" + addr}
+	r := runCtl(t, env, "acquire", "invoices", "--lease", "30s")
+	tok, err := strconv.ParseUint(strings.TrimSpace(r.stdout), 10, 64)
+	if r.code != 0 || err != nil || tok == 0 {
+		t.Fatalf("acquire: want a token and exit 0; got %v", r)
+	}
+	r = runCtl(t, env, "acquire", "invoices")
+	if r.code != exitHeld || !strings.Contains(r.stderr, "invoices is held by someone else") || r.stdout != "" {
+		t.Errorf("acquire of a held key: want exit 3; got %v", r)
+	}
+	r = runCtl(t, env, "acquire", "invoices", "--wait", "200ms", "--owner", "cron-7")
+	if r.code != exitHeld || r.took < 200*time.Millisecond {
+		t.Errorf("acquire --wait 200ms of a held key: want exit 3 after 200ms; got %v", r)
+	}
+	r = runCtl(t, env, "release", "invoices", strconv.FormatUint(tok, 10))
+	if r.code != 0 {
+		t.Errorf("release: want exit 0; got %v", r)
+	}
+	r = runCtl(t, env, "release", "invoices", strconv.FormatUint(tok, 10))
+	if r.code != exitNotHeld || !strings.Contains(r.stderr, "does not hold invoices") {
+		t.Errorf("second release: want exit 5; got %v", r)
+	}
+	r = runCtl(t, nil, "--addr", addr, "acquire", "--owner", "cron-7", "invoices", "--lease", "1s")
+	if tok2, _ := strconv.ParseUint(strings.TrimSpace(r.stdout), 10, 64); r.code != 0 || tok2 <= tok {
+		t.Errorf("acquire after release: want a token above %d; got %v", tok, r)
+	}
+	r = runCtl(t, env, "acquire", "bad\x01key")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "key") {
+		t.Errorf("acquire of a bad key: want exit 2; got %v", r)
+	}
+}
+
+func TestBusy(t *testing.T) {
+	addr := startServer(t, "--max-waiters-per-key", "1")
+	env := []string{"TICKETD_ADDR=" + addr}
+	r := runCtl(t, env, "acquire", "k")
+	if r.code != 0 {
+		t.Fatalf("acquire: %v", r)
+	}
+	holder := strings.TrimSpace(r.stdout)
+	// The one place in the queue goes to whoever comes first: poll with a
+	// short wait until the background waiter has it and the poll gets B.
+	waiter := start(t, "--addr", addr, "acquire", "k", "--wait", "30s")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r = runCtl(t, env, "acquire", "k", "--wait", "20ms")
+		if r.code == exitBusy {
+			break
+		}
+		if r.code != exitHeld || time.Now().After(deadline) {
+			t.Fatalf("second waiter: want exit 4; got %v", r)
+		}
+		select {
+		case <-waiter.done: // it lost the place to a poll: again
+			if w := waiter.wait(t); w.code != exitBusy {
+				t.Fatalf("first waiter: %v", w)
+			}
+			waiter = start(t, "--addr", addr, "acquire", "k", "--wait", "30s")
+		default:
+		}
+	}
+	if !strings.Contains(r.stderr, "at capacity") {
+		t.Errorf("busy message: %v", r)
+	}
+	if r := runCtl(t, env, "release", "k", holder); r.code != 0 {
+		t.Fatalf("release: %v", r)
+	}
+	if w := waiter.wait(t); w.code != 0 || strings.TrimSpace(w.stdout) == "" {
+		t.Errorf("queued acquire: want a token once released; got %v", w)
+	}
+}
+
+func TestRunEnvAndStatus(t *testing.T) {
+	addr := startServer(t)
+	r := runCtl(t, nil, append([]string{"--addr", addr, "run", "job", "--lease", "1m", "--"}, childCmd("env", "7")...)...)
+	if r.code != 7 {
+		t.Fatalf("run: want the command's exit 7; got %v", r)
+	}
+	if !strings.Contains(r.stdout, "key=job token=") || strings.Contains(r.stdout, "token= ") ||
+		!strings.Contains(r.stdout, "addr="+addr) || strings.Contains(r.stdout, "deadline= ") {
+		t.Errorf("run: the command did not see its lock: %v", r)
+	}
+	var dl string
+	fmt.Sscanf(r.stdout[strings.Index(r.stdout, "deadline="):], "deadline=%s", &dl)
+	if d, err := time.Parse(time.RFC3339Nano, dl); err != nil || time.Until(d) < 50*time.Second || time.Until(d) > time.Minute {
+		t.Errorf("TICKETD_DEADLINE %q: want about a minute from now", dl)
+	}
+	// The lock was released: the key is free at once.
+	if r := runCtl(t, nil, "--addr", addr, "acquire", "job"); r.code != 0 {
+		t.Errorf("acquire after run: %v", r)
+	}
+	// Held: the command does not run.
+	r = runCtl(t, nil, append([]string{"--addr", addr, "run", "job", "--wait", "0", "--"}, childCmd("env", "0")...)...)
+	if r.code != exitHeld || strings.Contains(r.stdout, "key=") {
+		t.Errorf("run on a held key: want exit 3 and no command; got %v", r)
+	}
+	// Flags after KEY, no "--": the command starts at the first word after KEY.
+	r = runCtl(t, nil, "--addr", addr, "run", "other", "--lease", "5s", "sh", "-c", "exit 3")
+	if r.code != 3 {
+		t.Errorf("run without --: want the command's exit 3; got %v", r)
+	}
+	r = runCtl(t, nil, "--addr", addr, "run", "other", "--", "no-such-command-here")
+	if r.code != exitNotFound || !strings.Contains(r.stderr, "cannot run") {
+		t.Errorf("run of a missing command: want exit 127; got %v", r)
+	}
+	if r := runCtl(t, nil, "--addr", addr, "acquire", "other"); r.code != 0 {
+		t.Errorf("the lock of a command that failed to start was not released: %v", r)
+	}
+}
+
+// Two runs on one key take turns: their critical sections do not overlap,
+// and the later one has the larger token.
+func TestRunSerialises(t *testing.T) {
+	addr := startServer(t)
+	file := filepath.Join(t.TempDir(), "sections")
+	var runs []*running
+	for range 3 {
+		runs = append(runs, start(t, append([]string{"--addr", addr, "run", "shared", "--wait", "30s", "--"},
+			childCmd("critical", file, "300ms")...)...))
+	}
+	for _, r := range runs {
+		if res := r.wait(t); res.code != 0 {
+			t.Fatalf("run: %v", res)
+		}
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) != 6 {
+		t.Fatalf("want 3 sections, got:\n%s", data)
+	}
+	var tokens []uint64
+	for i := 0; i < len(lines); i += 2 {
+		var s, e string
+		var ts, te int64
+		var tk1, tk2 uint64
+		fmt.Sscanf(lines[i], "%s %d %d", &s, &ts, &tk1)
+		fmt.Sscanf(lines[i+1], "%s %d %d", &e, &te, &tk2)
+		if s != "start" || e != "end" || tk1 != tk2 {
+			t.Fatalf("sections overlap or interleave:\n%s", data)
+		}
+		tokens = append(tokens, tk1)
+	}
+	if !slices.IsSorted(tokens) || tokens[0] == tokens[1] || tokens[1] == tokens[2] {
+		t.Errorf("tokens %v do not increase with time", tokens)
+	}
+}
+
+func TestRunLeaseExpiry(t *testing.T) {
+	addr := startServer(t)
+	// Without --kill-on-expiry the command goes on and ticketctl says so.
+	r := runCtl(t, nil, "--addr", addr, "run", "slow", "--lease", "200ms", "--", "sleep", "0.6")
+	if r.code != 0 || !strings.Contains(r.stderr, "the lease on slow") || !strings.Contains(r.stderr, "ended while the command was still running") {
+		t.Errorf("lease ended during run: want a note and exit 0; got %v", r)
+	}
+	// With it, SIGTERM stops the command.
+	r = runCtl(t, nil, "--addr", addr, "run", "slow", "--lease", "200ms", "--kill-on-expiry", "--", "sleep", "10")
+	if r.code != exitSignal+int(syscall.SIGTERM) || r.took > 5*time.Second || !strings.Contains(r.stderr, "SIGTERM") {
+		t.Errorf("--kill-on-expiry: want exit 143 soon after 200ms; got %v", r)
+	}
+	// A command that ignores SIGTERM gets SIGKILL after the grace.
+	r = runCtl(t, nil, append([]string{"--addr", addr, "run", "slow", "--lease", "200ms", "--kill-on-expiry", "--kill-grace", "300ms", "--"},
+		childCmd("stubborn", "20s")...)...)
+	if r.code != exitSignal+int(syscall.SIGKILL) || r.took > 5*time.Second || !strings.Contains(r.stderr, "SIGKILL") {
+		t.Errorf("--kill-grace: want exit 137 after 500ms; got %v", r)
+	}
+}
+
+func TestRunForwardsSignals(t *testing.T) {
+	addr := startServer(t)
+	r := start(t, append([]string{"--addr", addr, "run", "sig", "--"}, childCmd("trap")...)...)
+	waitOutput(t, r.stdout, "ready")
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	res := r.wait(t)
+	if res.code != 42 || !strings.Contains(res.stdout, "got SIGTERM") {
+		t.Fatalf("SIGTERM to ticketctl run: want the command's exit 42; got %v", res)
+	}
+	if r := runCtl(t, nil, "--addr", addr, "acquire", "sig"); r.code != 0 {
+		t.Errorf("lock not released after the command ended by a signal: %v", r)
+	}
+	// Interrupted while waiting for the lock: the command never runs.
+	w := start(t, append([]string{"--addr", addr, "run", "sig", "--wait", "30s", "--"}, childCmd("env", "0")...)...)
+	time.Sleep(300 * time.Millisecond)
+	w.cmd.Process.Signal(os.Interrupt)
+	res = w.wait(t)
+	if res.code != exitSignal+int(syscall.SIGINT) || strings.Contains(res.stdout, "key=") {
+		t.Errorf("SIGINT while waiting: want exit 130 and no command; got %v", res)
+	}
+}

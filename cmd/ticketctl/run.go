@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ticketd/ticketd/client"
+)
+
+func notifyContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+}
+
+func cmdRun(args []string, addr string, stdout, stderr io.Writer) int {
+	c := newCommand("run",
+		"ticketctl run KEY [--lease 30s] [--wait 10s] [--kill-on-expiry] [--addr HOST:PORT] -- COMMAND [ARGS...]",
+		`Holds the lock on KEY while COMMAND runs, then releases it, and exits with
+the command's status. The command gets the lock in its environment, so that
+it can pass the fencing token along with its writes:
+
+  TICKETD_KEY       the key
+  TICKETD_TOKEN     the fencing token
+  TICKETD_DEADLINE  when the lease ends (RFC 3339, UTC; already counted
+                    conservatively from before the grant)
+  TICKETD_ADDR      the ticketd address
+
+There is no renewal: pick a --lease longer than the command takes. If the
+lease ends first, ticketctl says so on stderr (someone else may hold the key
+from then on); with --kill-on-expiry it also stops the command: SIGTERM, then
+SIGKILL after --kill-grace. SIGINT and SIGTERM sent to ticketctl are passed
+on to the command (its pid only: a command that starts others should pass
+them on, e.g. with exec in sh -c). If the lock cannot be had, the command
+does not run.
+`, addr)
+	lease := c.fs.Duration("lease", 30*time.Second, "how long the lock lasts unless released (1ms resolution)")
+	wait := c.fs.Duration("wait", 10*time.Second, "how long to queue for the key if it is held; 0 gives up at once")
+	owner := c.fs.String("owner", "", "the owner `NAME` the server shows (default: a generated one)")
+	kill := c.fs.Bool("kill-on-expiry", false, "stop the command when the lease ends")
+	grace := c.fs.Duration("kill-grace", 5*time.Second, "with --kill-on-expiry, time between SIGTERM and SIGKILL")
+	pos, argv, code, ok := c.parse(args, 1, true, stdout, stderr)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return usageError(stderr, c.name, fmt.Sprintf("want one KEY, got %d arguments", len(pos)))
+	}
+	if len(argv) == 0 {
+		return usageError(stderr, c.name, "no COMMAND given: ticketctl run KEY [FLAGS] -- COMMAND [ARGS...]")
+	}
+	key := pos[0]
+
+	// From here on SIGINT and SIGTERM are ours: while waiting for the lock
+	// they cancel the acquire, once the command runs they are passed on.
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+
+	cl, code := dial(*c.addr, stderr)
+	if cl == nil {
+		return code
+	}
+	defer cl.Close()
+
+	l, sig, err := acquireInterruptible(cl, sigc, *owner, key, *lease, *wait)
+	if sig != nil {
+		if err == nil {
+			releaseAfter(cl, l, false, stderr)
+		}
+		fmt.Fprintf(stderr, "ticketctl: interrupted (%v) before the command started\n", sig)
+		return exitSignal + signum(sig)
+	}
+	if err != nil {
+		code := report(stderr, err, *c.addr, key)
+		if err == client.ErrHeld && *wait > 0 {
+			fmt.Fprintf(stderr, "ticketctl: (waited %v)\n", *wait)
+		}
+		return code
+	}
+
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	cmd.Env = append(os.Environ(),
+		"TICKETD_KEY="+key,
+		"TICKETD_TOKEN="+strconv.FormatUint(l.Token, 10),
+		"TICKETD_DEADLINE="+l.Deadline.UTC().Format(time.RFC3339Nano),
+		"TICKETD_ADDR="+*c.addr,
+	)
+	if err := cmd.Start(); err != nil {
+		releaseAfter(cl, l, false, stderr)
+		fmt.Fprintf(stderr, "ticketctl: cannot run %s: %v\n", argv[0], err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return exitNotFound
+		}
+		return exitCannotExec
+	}
+	waitc := make(chan error, 1)
+	go func() { waitc <- cmd.Wait() }()
+
+	expiry := time.NewTimer(time.Until(l.Deadline))
+	defer expiry.Stop()
+	var killc <-chan time.Time
+	expired := false
+	for done := false; !done; {
+		select {
+		case <-waitc:
+			done = true
+		case s := <-sigc:
+			cmd.Process.Signal(s)
+		case <-expiry.C:
+			expired = true
+			fmt.Fprintf(stderr, "ticketctl: the lease on %s (token %d) ended while the command was still running; someone else may hold the key now (use a longer --lease)\n",
+				key, l.Token)
+			if *kill {
+				fmt.Fprintf(stderr, "ticketctl: stopping the command (--kill-on-expiry): SIGTERM, then SIGKILL after %v\n", *grace)
+				cmd.Process.Signal(syscall.SIGTERM)
+				killc = time.After(*grace)
+			}
+		case <-killc:
+			fmt.Fprintf(stderr, "ticketctl: the command outlived --kill-grace %v: SIGKILL\n", *grace)
+			cmd.Process.Kill()
+			killc = nil
+		}
+	}
+	releaseAfter(cl, l, expired, stderr)
+	return exitStatus(cmd.ProcessState)
+}
+
+// acquireInterruptible acquires while watching sigc. A signal cancels the
+// acquire and is returned; if the grant won the race, the lock is returned
+// too, for the caller to give back.
+func acquireInterruptible(cl *client.Client, sigc <-chan os.Signal, owner, key string, lease, wait time.Duration) (client.Lock, os.Signal, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait+10*time.Second)
+	defer cancel()
+	var sig os.Signal
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case sig = <-sigc:
+			cancel()
+		case <-stop:
+		}
+	}()
+	l, err := acquire(ctx, cl, owner, key, lease, wait)
+	close(stop)
+	<-watched
+	return l, sig, err
+}
+
+func releaseAfter(cl *client.Client, l client.Lock, expired bool, stderr io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	switch err := cl.Release(ctx, l); {
+	case err == nil:
+	case err == client.ErrNotHeld:
+		if !expired {
+			fmt.Fprintf(stderr, "ticketctl: %s was no longer held with token %d at release: its lease had ended\n", l.Key, l.Token)
+		}
+	default:
+		fmt.Fprintf(stderr, "ticketctl: could not release %s (token %d): %v; it is freed when its lease ends, or with 'ticketctl release %s %d'\n",
+			l.Key, l.Token, err, l.Key, l.Token)
+	}
+}
+
+// exitStatus turns the command's end into ticketctl's exit code, as a shell does.
+func exitStatus(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return exitSignal + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+func signum(s os.Signal) int {
+	if n, ok := s.(syscall.Signal); ok {
+		return int(n)
+	}
+	return int(syscall.SIGINT)
+}
