@@ -35,7 +35,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParseRequest$$' -fuzztime=$(FUZZTIME) ./codec
 	$(GO) test -run='^$$' -fuzz='^FuzzParseAnswer$$' -fuzztime=$(FUZZTIME) ./codec
 
-BENCHFLAGS = -ticketd $(BIN)/ticketd -echo $(BIN)/echo $(if $(filter 1,$(PROFILE)),-profile)
+BENCHFLAGS = -ticketd $(abspath $(BIN))/ticketd -echo $(abspath $(BIN))/echo $(if $(filter 1,$(PROFILE)),-profile)
 
 bench-tools: build
 	$(GO) build -o $(BIN)/bench ./bench/cmd/bench
