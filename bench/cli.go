@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 const usage = `usage:
@@ -124,7 +126,7 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 func prepare(ctx context.Context, out, ticketd, echo, redis string, profile bool, log io.Writer) (Env, func(), error) {
 	env := Env{Log: log, Profile: profile, Ticketd: ticketd, Echo: echo}
 	cleanup := func() {}
-	root, err := ModuleRoot()
+	root, err := serverproc.ModuleRoot()
 	if err != nil && (ticketd == "" || echo == "" || out == "") {
 		return env, cleanup, err
 	}
@@ -149,7 +151,7 @@ func prepare(ctx context.Context, out, ticketd, echo, redis string, profile bool
 				continue
 			}
 			fmt.Fprintf(log, "bench: go build %s\n", b.pkg)
-			if *b.dst, err = Build(ctx, root, b.pkg, dir); err != nil {
+			if *b.dst, err = serverproc.Build(ctx, root, b.pkg, dir); err != nil {
 				return env, cleanup, err
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 // Hold opens n connections to the ticketd at addr and leaves them idle. With
@@ -135,7 +136,7 @@ type holdProc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	waited chan struct{}
-	log    *tailBuffer
+	log    *serverproc.Log
 }
 
 // Add starts processes of self (argv of a program whose first
@@ -159,7 +160,7 @@ func (h *Holders) Add(self, env []string, addr string, n, perProc, firstSource i
 		cmd := exec.Command(self[0], args...)
 		cmd.Env = append(os.Environ(), env...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		p := &holdProc{cmd: cmd, waited: make(chan struct{}), log: &tailBuffer{}}
+		p := &holdProc{cmd: cmd, waited: make(chan struct{}), log: &serverproc.Log{}}
 		var err error
 		if p.stdin, err = cmd.StdinPipe(); err != nil {
 			return err
@@ -196,7 +197,7 @@ func (h *Holders) Add(self, env []string, addr string, n, perProc, firstSource i
 		select {
 		case err := <-s.ready:
 			if err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("%w\n%s", err, s.p.log.String())
+				firstErr = fmt.Errorf("%w\n%s", err, s.p.log.Tail(logLines))
 			}
 		case <-time.After(120 * time.Second):
 			if firstErr == nil {

@@ -3,20 +3,18 @@ package bench
 import (
 	"bufio"
 	"bytes"
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 // Proc is a server process the bench started; Stop ends it, and only it.
@@ -26,9 +24,7 @@ type Proc struct {
 	Cmd  *exec.Cmd
 	Dir  string // scratch directory (data dir, logs), removed by Stop
 
-	log    *tailBuffer
-	waited chan struct{}
-	err    error // from Wait, after waited is closed
+	p *serverproc.Proc
 }
 
 // Pid is the process id.
@@ -40,38 +36,27 @@ func (p *Proc) Stop() error {
 		return nil
 	}
 	defer os.RemoveAll(p.Dir)
-	select {
-	case <-p.waited:
-		return fmt.Errorf("%s had already exited: %v\n%s", p.Name, p.err, p.log.String())
-	default:
+	if p.Exited() {
+		return fmt.Errorf("%s had already exited: %v\n%s", p.Name, p.p.Err(), p.Log())
 	}
-	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.waited:
-	case <-time.After(10 * time.Second):
-		_ = p.Cmd.Process.Kill()
-		<-p.waited
-		return fmt.Errorf("%s did not stop within 10s of SIGTERM; killed", p.Name)
+	if err := p.p.Stop(10 * time.Second); err != nil {
+		return fmt.Errorf("%s: %w", p.Name, err)
 	}
 	var ee *exec.ExitError
-	if p.err != nil && !(errors.As(p.err, &ee) && ee.Sys().(syscall.WaitStatus).Signaled()) {
-		return fmt.Errorf("%s: %v\n%s", p.Name, p.err, p.log.String())
+	if err := p.p.Err(); err != nil && !(errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signaled()) {
+		return fmt.Errorf("%s: %v\n%s", p.Name, err, p.Log())
 	}
 	return nil
 }
 
 // Exited reports whether the process ended by itself.
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.waited:
-		return true
-	default:
-		return false
-	}
-}
+func (p *Proc) Exited() bool { return p.p.Exited() }
 
 // Log returns the tail of what the process wrote.
-func (p *Proc) Log() string { return p.log.String() }
+func (p *Proc) Log() string { return p.p.Log().Tail(logLines) }
+
+// logLines is how much of a process's output an error shows.
+const logLines = 200
 
 // RSS is the process's resident memory (VmRSS) in bytes.
 func (p *Proc) RSS() (int64, error) { return procStatusKB(p.Pid(), "VmRSS:") }
@@ -167,149 +152,55 @@ func procFDLimit(pid int) (int64, error) {
 	return 0, fmt.Errorf("no open-files limit in /proc/%d/limits", pid)
 }
 
-// tailBuffer keeps the last 64 KiB written to it, for error messages.
-type tailBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	t.b = append(t.b, p...)
-	if len(t.b) > 64<<10 {
-		t.b = append(t.b[:0], t.b[len(t.b)-32<<10:]...)
+// start makes a scratch directory from pattern and runs bin in it with
+// args(dir); its output goes to ready (see serverproc.Start) and to the log.
+func start(name, pattern, bin string, args func(dir string) []string, ready func(line []byte) (string, bool)) (*Proc, error) {
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return nil, err
 	}
-	t.mu.Unlock()
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
-}
-
-// start runs bin with args; every line of its stdout and stderr goes to
-// watch (until watch returns true once) and to the log tail.
-func start(name, bin string, args []string, dir string, watch func(line []byte) bool) (*Proc, <-chan struct{}, error) {
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, args(dir)...)
 	cmd.Dir = dir
 	// A bench killed outright must not leave its servers behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	p := &Proc{Name: name, Cmd: cmd, Dir: dir, log: &tailBuffer{}, waited: make(chan struct{})}
-	stdout, err := cmd.StdoutPipe()
+	sp, err := serverproc.Start(cmd, ready)
 	if err != nil {
-		return nil, nil, err
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	seen := make(chan struct{})
-	var once sync.Once
-	var mu sync.Mutex
-	watching := true
-	scan := func(r io.Reader, wg *sync.WaitGroup) {
-		defer wg.Done()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			p.log.Write(line)
-			p.log.Write([]byte{'\n'})
-			mu.Lock()
-			if watching && watch(line) {
-				watching = false
-				once.Do(func() { close(seen) })
-			}
-			mu.Unlock()
-		}
-		io.Copy(io.Discard, r)
-	}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go scan(stdout, &wg)
-	go scan(stderr, &wg)
-	go func() {
-		wg.Wait() // pipes first: Wait closes them
-		p.err = cmd.Wait()
-		close(p.waited)
-	}()
-	return p, seen, nil
+	return &Proc{Name: name, Cmd: cmd, Dir: dir, p: sp}, nil
 }
 
-// waitReady waits for seen, the process's exit, or the timeout.
-func (p *Proc) waitReady(seen <-chan struct{}, timeout time.Duration) error {
-	select {
-	case <-seen:
-		return nil
-	case <-p.waited:
-		os.RemoveAll(p.Dir)
-		return fmt.Errorf("%s exited before it was ready: %v\n%s", p.Name, p.err, p.log.String())
-	case <-time.After(timeout):
-		p.Stop()
-		return fmt.Errorf("%s not ready within %s\n%s", p.Name, timeout, p.log.String())
+// startReady is start, then a wait for the ready line, which gives Addr.
+func startReady(name, pattern, bin string, args func(dir string) []string, ready func(line []byte) (string, bool)) (*Proc, error) {
+	p, err := start(name, pattern, bin, args, ready)
+	if err != nil {
+		return nil, err
 	}
+	if err := p.p.WaitReady(30 * time.Second); err != nil {
+		os.RemoveAll(p.Dir)
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	p.Addr = p.p.Addr
+	return p, nil
 }
 
 // StartTicketd starts bin on a free loopback port with a fresh data
 // directory, and returns once it logged "listening".
 func StartTicketd(bin string, extra ...string) (*Proc, error) {
-	dir, err := os.MkdirTemp("", "ticketd-bench-")
-	if err != nil {
-		return nil, err
-	}
-	args := append([]string{"--listen", "127.0.0.1:0", "--log-format", "json",
-		"--data-dir", filepath.Join(dir, "data")}, extra...)
-	var addr string
-	p, seen, err := start("ticketd", bin, args, dir, func(line []byte) bool {
-		var m struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"addr"`
-		}
-		if json.Unmarshal(line, &m) == nil && m.Msg == "listening" && m.Addr != "" {
-			addr = m.Addr
-			return true
-		}
-		return false
-	})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	if err := p.waitReady(seen, 30*time.Second); err != nil {
-		return nil, err
-	}
-	p.Addr = addr // written before seen was closed
-	return p, nil
+	return startReady("ticketd", "ticketd-bench-", bin, func(dir string) []string {
+		return serverproc.TicketdArgs("", filepath.Join(dir, "data"), extra...)
+	}, serverproc.ListeningAddr)
 }
 
 // StartEcho starts the echo server bin on a free loopback port.
 func StartEcho(bin string) (*Proc, error) {
-	dir, err := os.MkdirTemp("", "echo-bench-")
-	if err != nil {
-		return nil, err
-	}
-	var addr string
-	p, seen, err := start("echo", bin, []string{"--listen", "127.0.0.1:0"}, dir, func(line []byte) bool {
-		if a, ok := bytes.CutPrefix(line, []byte("listening ")); ok {
-			addr = string(a)
-			return true
-		}
-		return false
+	return startReady("echo", "echo-bench-", bin, func(string) []string {
+		return []string{"--listen", "127.0.0.1:0"}
+	}, func(line []byte) (string, bool) {
+		a, ok := bytes.CutPrefix(line, []byte("listening "))
+		return string(a), ok
 	})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	if err := p.waitReady(seen, 30*time.Second); err != nil {
-		return nil, err
-	}
-	p.Addr = addr
-	return p, nil
 }
 
 // RedisInstall is what to run where redis-server is missing.
@@ -334,19 +225,14 @@ func StartRedis(bin string, maxClients int) (*Proc, error) {
 		if err != nil {
 			return nil, err
 		}
-		dir, err := os.MkdirTemp("", "redis-bench-")
+		p, err := start("redis-server", "redis-bench-", bin, func(dir string) []string {
+			return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+				"--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
+				"--dir", dir, "--loglevel", "warning", "--maxclients", strconv.Itoa(maxClients)}
+		}, nil) // ready once it answers, below
 		if err != nil {
 			return nil, err
 		}
-		args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
-			"--dir", dir, "--loglevel", "warning", "--maxclients", strconv.Itoa(maxClients)}
-		p, seen, err := start("redis-server", bin, args, dir, func([]byte) bool { return false })
-		if err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-		_ = seen
 		p.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		deadline := time.Now().Add(10 * time.Second)
 		for {
@@ -404,29 +290,4 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// Build compiles the package pkg (e.g. "./cmd/ticketd") of the module in
-// root into dir and returns the binary's path.
-func Build(ctx context.Context, root, pkg, dir string) (string, error) {
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return out, nil
-}
-
-// ModuleRoot finds the directory of the enclosing go.mod.
-func ModuleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside a Go module")
-	}
-	return filepath.Dir(gomod), nil
 }

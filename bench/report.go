@@ -177,49 +177,33 @@ func (r *Report) evaluate() {
 		}
 		return string(sys) + " did not run"
 	}
+	// vs judges ticketd's uncontended row at depth against other's, or skips
+	// the target naming the system that did not run.
+	vs := func(name string, other System, depth int, judge func(t, o *Row) (got string, ok bool)) {
+		t, o := r.find(Ticketd, depth), r.find(other, depth)
+		switch {
+		case t == nil:
+			skip(name, missing(Ticketd))
+		case o == nil:
+			skip(name, missing(other))
+		default:
+			got, ok := judge(t, o)
+			r.Targets = append(r.Targets, Target{name, got, verdict(ok)})
+		}
+	}
 	for _, d := range []int{16, 64} {
-		name := fmt.Sprintf("uncontended, depth %d: ticketd >= 2x Redis lock pairs/s", d)
-		t, rd := r.find(Ticketd, d), r.find(Redis, d)
-		switch {
-		case t == nil:
-			skip(name, missing(Ticketd))
-		case rd == nil:
-			skip(name, missing(Redis))
-		default:
+		vs(fmt.Sprintf("uncontended, depth %d: ticketd >= 2x Redis lock pairs/s", d), Redis, d, func(t, rd *Row) (string, bool) {
 			ratio := t.PairsPerSec / rd.PairsPerSec
-			r.Targets = append(r.Targets, Target{name,
-				fmt.Sprintf("%s vs %s pairs/s = %.2fx", human(t.PairsPerSec), human(rd.PairsPerSec), ratio),
-				verdict(ratio >= 2)})
-		}
+			return fmt.Sprintf("%s vs %s pairs/s = %.2fx", human(t.PairsPerSec), human(rd.PairsPerSec), ratio), ratio >= 2
+		})
 	}
-	{
-		name := "uncontended, depth 64: ticketd >= 60% of the echo ceiling's lines/s"
-		t, e := r.find(Ticketd, 64), r.find(Echo, 64)
-		switch {
-		case t == nil:
-			skip(name, missing(Ticketd))
-		case e == nil:
-			skip(name, missing(Echo))
-		default:
-			ratio := t.LinesPerSec / e.LinesPerSec
-			r.Targets = append(r.Targets, Target{name,
-				fmt.Sprintf("%s vs %s lines/s = %.0f%%", human(t.LinesPerSec), human(e.LinesPerSec), 100*ratio),
-				verdict(ratio >= 0.6)})
-		}
-	}
-	{
-		name := "uncontended, depth 1: ticketd p99 <= Redis p99"
-		t, rd := r.find(Ticketd, 1), r.find(Redis, 1)
-		switch {
-		case t == nil:
-			skip(name, missing(Ticketd))
-		case rd == nil:
-			skip(name, missing(Redis))
-		default:
-			r.Targets = append(r.Targets, Target{name,
-				fmt.Sprintf("%s vs %s", fmtDur(t.P99), fmtDur(rd.P99)), verdict(t.P99 <= rd.P99)})
-		}
-	}
+	vs("uncontended, depth 64: ticketd >= 60% of the echo ceiling's lines/s", Echo, 64, func(t, e *Row) (string, bool) {
+		ratio := t.LinesPerSec / e.LinesPerSec
+		return fmt.Sprintf("%s vs %s lines/s = %.0f%%", human(t.LinesPerSec), human(e.LinesPerSec), 100*ratio), ratio >= 0.6
+	})
+	vs("uncontended, depth 1: ticketd p99 <= Redis p99", Redis, 1, func(t, rd *Row) (string, bool) {
+		return fmt.Sprintf("%s vs %s", fmtDur(t.P99), fmtDur(rd.P99)), t.P99 <= rd.P99
+	})
 	var base, top *ScaleRow
 	for i := range r.Scale {
 		s := &r.Scale[i]

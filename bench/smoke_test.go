@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 // TestSmokeSuite runs every scenario for a fraction of a second against the
@@ -21,7 +23,7 @@ func TestSmokeSuite(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts servers")
 	}
-	root, err := ModuleRoot()
+	root, err := serverproc.ModuleRoot()
 	if err != nil {
 		t.Skip(err)
 	}
@@ -33,9 +35,9 @@ func TestSmokeSuite(t *testing.T) {
 	var wg sync.WaitGroup
 	var errT, errE error
 	if env.Ticketd == "" {
-		wg.Go(func() { env.Ticketd, errT = Build(ctx, root, "./cmd/ticketd", bin) })
+		wg.Go(func() { env.Ticketd, errT = serverproc.Build(ctx, root, "./cmd/ticketd", bin) })
 	}
-	wg.Go(func() { env.Echo, errE = Build(ctx, root, "./bench/cmd/echo", bin) })
+	wg.Go(func() { env.Echo, errE = serverproc.Build(ctx, root, "./bench/cmd/echo", bin) })
 	wg.Wait()
 	if errT != nil || errE != nil {
 		t.Fatal(errors.Join(errT, errE))

@@ -138,6 +138,14 @@ func (s *suite) startTicketd(extra ...string) (*Proc, error) {
 	return p, err
 }
 
+// stopInto stops srv, for a defer: its error becomes *err unless that is
+// already set.
+func stopInto(err *error, srv *Proc) {
+	if serr := srv.Stop(); serr != nil && *err == nil {
+		*err = serr
+	}
+}
+
 // run runs l against srv and adds it to the report under sc.
 func (s *suite) run(ctx context.Context, sc Scenario, srv *Proc, l Load) (*Row, error) {
 	l.Progress = s.env.Log
@@ -205,11 +213,7 @@ func (s *suite) uncontendedOn(ctx context.Context, sys System) (err error) {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if serr := srv.Stop(); serr != nil && err == nil {
-			err = serr
-		}
-	}()
+	defer stopInto(&err, srv)
 
 	base := Load{System: sys, Addr: srv.Addr, Conns: p.Conns, Warmup: p.Warmup,
 		Keys: Dist{Keys: p.Keys}, KeyPrefix: "k", LeaseMs: 30000}
@@ -303,11 +307,7 @@ func (s *suite) contended(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if serr := srv.Stop(); serr != nil && err == nil {
-			err = serr
-		}
-	}()
+	defer stopInto(&err, srv)
 	l := Load{System: Ticketd, Addr: srv.Addr, Conns: p.Waiters, Depth: 1,
 		Warmup: p.Warmup, Duration: p.ContendedDuration,
 		Keys: Dist{Keys: p.ContendedKeys}, KeyPrefix: "hot", LeaseMs: 30000, WaitMs: 120_000,
@@ -325,11 +325,7 @@ func (s *suite) scale(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if serr := srv.Stop(); serr != nil && err == nil {
-			err = serr
-		}
-	}()
+	defer stopInto(&err, srv)
 	limit, _ := srv.FDLimit()
 	s.rep.ServerFDLimit = limit
 	room := p.Idle[len(p.Idle)-1]

@@ -119,8 +119,7 @@ func TestBadInput(t *testing.T) {
 		c.send("A w q 0 0")
 		c.expectError("range")
 		time.Sleep(100 * time.Millisecond)
-		h.send(rel(tok, "q"))
-		h.expect(released(tok, "q"))
+		h.release(tok, "q")
 		h.acquire("h", "q", 60000, 0)
 	})
 

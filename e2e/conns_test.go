@@ -23,8 +23,7 @@ func TestWaiterWithdrawnOnClose(t *testing.T) {
 	w.sync("wd")
 	w.close()
 	time.Sleep(200 * time.Millisecond) // the server learns of the close asynchronously
-	h.send(rel(tok, "wd"))
-	h.expect(released(tok, "wd"))
+	h.release(tok, "wd")
 	// Handed to nobody: the key is free.
 	x := s.dial(t)
 	x.acquire("x", "wd", 60000, 0)
@@ -45,8 +44,7 @@ func TestHolderCloseKeepsKey(t *testing.T) {
 	w := s.dial(t)
 	w.send(acq("w", "keep", 60000, 10000))
 	w.sync("keep")
-	x.send(rel(tok, "keep"))
-	x.expect(released(tok, "keep"))
+	x.release(tok, "keep")
 	tok2 := w.expectAcquired("w", "keep")
 	if tok2 <= tok {
 		t.Fatalf("token %d not above %d", tok2, tok)
@@ -245,8 +243,7 @@ loop:
 	if s.exited() {
 		t.Fatalf("server exited")
 	}
-	h.send(rel(tok, "flood"))
-	h.expect(released(tok, "flood"))
+	h.release(tok, "flood")
 }
 
 // TestMaxConns: past --max-conns a connection is refused or closed; the
@@ -380,8 +377,7 @@ func TestConnectionFloodPastDescriptorLimit(t *testing.T) {
 	}
 	// The connection it had is still served, and a new one gets in once the
 	// flood is gone.
-	keeper.send(rel(tok, "kept"))
-	keeper.expect(released(tok, "kept"))
+	keeper.release(tok, "kept")
 	mu.Lock()
 	for _, c := range flood {
 		c.Close()

@@ -5,21 +5,20 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 const (
@@ -28,45 +27,18 @@ const (
 	stopTimeout  = 10 * time.Second // SIGTERM to exit, before SIGKILL
 )
 
-// binPath is the server binary built once by TestMain.
+// binPath is the server binary, built once by TestMain.
 var binPath string
 
 func TestMain(m *testing.M) {
-	os.Exit(runMain(m))
-}
-
-func runMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "ticketd-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	root, err := moduleRoot()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	binPath = filepath.Join(dir, "ticketd")
-	build := exec.Command("go", "build", "-o", binPath, "./cmd/ticketd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go build ./cmd/ticketd: %v\n%s", err, out)
-		return 1
-	}
-	return m.Run()
-}
-
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside a Go module")
-	}
-	return filepath.Dir(gomod), nil
+	os.Exit(serverproc.Main(func() int {
+		var err error
+		if binPath, err = serverproc.Ticketd(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 1
+		}
+		return m.Run()
+	}))
 }
 
 // ---- server process ----
@@ -74,15 +46,11 @@ func moduleRoot() (string, error) {
 // server is one running ticketd process.
 type server struct {
 	t       testing.TB
+	p       *serverproc.Proc
 	cmd     *exec.Cmd
+	done    <-chan struct{} // closed when the process has exited
 	addr    string
 	dataDir string
-
-	mu     sync.Mutex
-	stderr bytes.Buffer // every line after "listening" (and before it)
-
-	done    chan struct{} // closed when the process has exited
-	waitErr error         // valid after done
 }
 
 // startServer starts ticketd on a fresh data dir with the given extra flags.
@@ -108,120 +76,41 @@ func launch(t testing.TB, dataDir string, flags ...string) (*server, error) {
 // launchWrapped starts ticketd through a wrapper that execs it (so the pid
 // is ticketd's), such as prlimit.
 func launchWrapped(t testing.TB, wrapper []string, dataDir string, flags ...string) (*server, error) {
-	args := append([]string{"--listen", "127.0.0.1:0", "--log-format", "json", "--data-dir", dataDir}, flags...)
-	cmd := exec.Command(binPath, args...)
-	if len(wrapper) > 0 {
-		cmd = exec.Command(wrapper[0], append(append(wrapper[1:len(wrapper):len(wrapper)], binPath), args...)...)
-	}
+	argv := append(append(wrapper[:len(wrapper):len(wrapper)], binPath), serverproc.TicketdArgs("", dataDir, flags...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout = io.Discard
-	pipe, err := cmd.StderrPipe()
+	p, err := serverproc.StartListening(cmd, startTimeout)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &server{t: t, cmd: cmd, dataDir: dataDir, done: make(chan struct{})}
-	addrc := make(chan string, 1)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		sc := bufio.NewScanner(pipe)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		found := false
-		for sc.Scan() {
-			line := sc.Text()
-			s.mu.Lock()
-			s.stderr.WriteString(line)
-			s.stderr.WriteByte('\n')
-			s.mu.Unlock()
-			if found {
-				continue
-			}
-			var rec struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-				found = true
-				addrc <- rec.Addr
-			}
-		}
-	}()
-	go func() {
-		<-readerDone // Wait closes the pipe; read it all first
-		s.waitErr = cmd.Wait()
-		close(s.done)
-	}()
+	s := &server{t: t, p: p, cmd: cmd, done: p.Done(), addr: p.Addr, dataDir: dataDir}
 	t.Cleanup(func() {
 		s.stop()
 		if t.Failed() {
-			t.Logf("ticketd (pid %d, data dir %s) stderr:\n%s", cmd.Process.Pid, dataDir, s.tail(80))
+			t.Logf("ticketd (pid %d, data dir %s) stderr:\n%s", s.pid(), dataDir, p.Log().Tail(80))
 		}
 	})
-	select {
-	case s.addr = <-addrc:
-		return s, nil
-	case <-s.done:
-		return nil, fmt.Errorf("ticketd exited before listening (%v); stderr:\n%s", s.waitErr, s.tail(40))
-	case <-time.After(startTimeout):
-		s.kill()
-		return nil, fmt.Errorf("no \"listening\" log line within %v; stderr:\n%s", startTimeout, s.tail(40))
-	}
+	return s, nil
 }
 
-func (s *server) pid() int { return s.cmd.Process.Pid }
-
-func (s *server) exited() bool {
-	select {
-	case <-s.done:
-		return true
-	default:
-		return false
-	}
-}
+func (s *server) pid() int     { return s.p.Pid() }
+func (s *server) exited() bool { return s.p.Exited() }
 
 // stop sends SIGTERM and waits for the exit, with SIGKILL after stopTimeout.
 // It reports whether the process exited by itself in time.
 func (s *server) stop() bool {
-	if s.exited() {
-		return true
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-		return true
-	case <-time.After(stopTimeout):
-		s.t.Errorf("ticketd pid %d did not exit within %v of SIGTERM; killed", s.pid(), stopTimeout)
-		s.kill()
+	if err := s.p.Stop(stopTimeout); err != nil {
+		s.t.Errorf("ticketd: %v", err)
 		return false
 	}
+	return true
 }
 
 // kill sends SIGKILL (a crash) and waits for the exit.
-func (s *server) kill() {
-	if s.exited() {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-}
+func (s *server) kill() { s.p.Kill() }
 
 // exitCode is valid after the process exited; -1 for a signal death.
-func (s *server) exitCode() int {
-	<-s.done
-	return s.cmd.ProcessState.ExitCode()
-}
-
-func (s *server) tail(n int) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	lines := strings.Split(strings.TrimRight(s.stderr.String(), "\n"), "\n")
-	if len(lines) > n {
-		lines = append([]string{fmt.Sprintf("... (%d earlier lines)", len(lines)-n)}, lines[len(lines)-n:]...)
-	}
-	return strings.Join(lines, "\n")
-}
+func (s *server) exitCode() int { return s.p.ExitCode() }
 
 // rssKiB reads VmRSS of the server process.
 func (s *server) rssKiB() (int64, error) {
@@ -245,71 +134,34 @@ func (s *server) rssKiB() (int64, error) {
 // stopped and reported through listening=true.
 func runOnce(t testing.TB, timeout time.Duration, args ...string) (code int, out string, listening bool) {
 	t.Helper()
-	cmd := exec.Command(binPath, args...)
-	var buf syncBuffer
-	cmd.Stdout = &buf
-	cmd.Stderr = &buf
-	if err := cmd.Start(); err != nil {
+	p, err := serverproc.Start(exec.Command(binPath, args...), listeningLine)
+	if err != nil {
 		t.Fatalf("start ticketd: %v", err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	deadline := time.After(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-done:
-			return cmd.ProcessState.ExitCode(), buf.String(), false
-		case <-tick.C:
-			if isListening(buf.String()) {
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				select {
-				case <-done:
-				case <-time.After(stopTimeout):
-					_ = cmd.Process.Kill()
-					<-done
-				}
-				return cmd.ProcessState.ExitCode(), buf.String(), true
-			}
-		case <-deadline:
-			_ = cmd.Process.Kill()
-			<-done
-			t.Fatalf("ticketd %q neither exited nor listened within %v; output:\n%s", args, timeout, buf.String())
-		}
+	select {
+	case <-p.Done():
+		return p.ExitCode(), p.Log().String(), false
+	case <-p.Ready():
+		_ = p.Stop(stopTimeout)
+		return p.ExitCode(), p.Log().String(), true
+	case <-time.After(timeout):
+		p.Kill()
+		t.Fatalf("ticketd %q neither exited nor listened within %v; output:\n%s", args, timeout, p.Log())
+		return
 	}
 }
 
-// isListening finds the "listening" log message in JSON or console format.
-func isListening(out string) bool {
-	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, `"msg":"listening"`) {
-			return true
-		}
-		for _, f := range strings.Split(line, "\t") {
-			if f == "listening" {
-				return true
-			}
+// listeningLine finds the "listening" log message in JSON or console format.
+func listeningLine(line []byte) (string, bool) {
+	if bytes.Contains(line, []byte(`"msg":"listening"`)) {
+		return "", true
+	}
+	for _, f := range bytes.Split(line, []byte("\t")) {
+		if string(f) == "listening" {
+			return "", true
 		}
 	}
-	return false
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	return "", false
 }
 
 // ---- client connection ----
@@ -466,6 +318,13 @@ func (c *conn) acquire(owner, key string, leaseMs, waitMs int) uint64 {
 	c.t.Helper()
 	c.send(acq(owner, key, leaseMs, waitMs))
 	return c.expectAcquired(owner, key)
+}
+
+// release sends one release and requires R.
+func (c *conn) release(tok uint64, key string) {
+	c.t.Helper()
+	c.send(rel(tok, key))
+	c.expect(released(tok, key))
 }
 
 // expectAcquired reads one answer that must be "A <token> owner key".

@@ -39,8 +39,7 @@ func TestAcquireTable(t *testing.T) {
 		// Registered: the holder is this request.
 		c.send(acq("o2", "fresh", 30000, 0))
 		c.expect(timedOut("o2", "fresh"))
-		c.send(rel(tok, "fresh"))
-		c.expect(released(tok, "fresh"))
+		c.release(tok, "fresh")
 	})
 
 	t.Run("lease expired: take over in place with a new token", func(t *testing.T) {
@@ -53,8 +52,7 @@ func TestAcquireTable(t *testing.T) {
 		}
 		c.send(rel(old, "expiring"))
 		c.expect(notRel(old, "expiring"))
-		c.send(rel(tok, "expiring"))
-		c.expect(released(tok, "expiring"))
+		c.release(tok, "expiring")
 	})
 
 	t.Run("valid holder, wait 0: T at once", func(t *testing.T) {
@@ -67,8 +65,7 @@ func TestAcquireTable(t *testing.T) {
 			t.Errorf("T took %v, want at once", d)
 		}
 		// Nothing was queued: the release leaves the key free.
-		c.send(rel(tok, "held0"))
-		c.expect(released(tok, "held0"))
+		c.release(tok, "held0")
 		c.expectNothing(quiet)
 		tok2 := c.acquire("o3", "held0", 30000, 0)
 		if tok2 <= tok {
@@ -82,8 +79,7 @@ func TestAcquireTable(t *testing.T) {
 		tok := h.acquire("h", "heldq", 30000, 0)
 		w.send(acq("w", "heldq", 30000, 5000))
 		w.expectNothing(quiet)
-		h.send(rel(tok, "heldq"))
-		h.expect(released(tok, "heldq"))
+		h.release(tok, "heldq")
 		tok2 := w.expectAcquired("w", "heldq")
 		if tok2 <= tok {
 			t.Errorf("hand-over token %d not above %d", tok2, tok)
@@ -112,8 +108,7 @@ func TestAcquireTable(t *testing.T) {
 		w1.sync("cap")
 		w2.send(acq("w2", "cap", 30000, 5000))
 		w2.expect(busy("w2", "cap"))
-		h.send(rel(tok, "cap"))
-		h.expect(released(tok, "cap"))
+		h.release(tok, "cap")
 		w1.expectAcquired("w1", "cap")
 		w2.expectNothing(quiet)
 	})
@@ -124,8 +119,7 @@ func TestAcquireTable(t *testing.T) {
 		c.send(acq("same", "reentry", 30000, 0))
 		c.expect(timedOut("same", "reentry"))
 		// No renewal and no release by owner: the first token still holds and releases.
-		c.send(rel(tok, "reentry"))
-		c.expect(released(tok, "reentry"))
+		c.release(tok, "reentry")
 	})
 
 	t.Run("same owner as holder: no lease renewal", func(t *testing.T) {
@@ -149,8 +143,7 @@ func TestAcquireTable(t *testing.T) {
 		w.send(acq("w", "leasefrom", 500, 5000))
 		w.sync("leasefrom")
 		time.Sleep(700 * time.Millisecond) // longer than the waiter's lease
-		h.send(rel(tok, "leasefrom"))
-		h.expect(released(tok, "leasefrom"))
+		h.release(tok, "leasefrom")
 		w.expectAcquired("w", "leasefrom")
 		handed := time.Now()
 		// Counted from the request, the lease would have ended already.
@@ -177,8 +170,7 @@ func TestReleaseTable(t *testing.T) {
 		tok := h.acquire("h", "handover", 30000, 0)
 		w.send(acq("w", "handover", 30000, 5000))
 		w.sync("handover")
-		h.send(rel(tok, "handover"))
-		h.expect(released(tok, "handover"))
+		h.release(tok, "handover")
 		tok2 := w.expectAcquired("w", "handover")
 		if tok2 <= tok {
 			t.Fatalf("hand-over token %d not above %d", tok2, tok)
@@ -188,15 +180,13 @@ func TestReleaseTable(t *testing.T) {
 		x.expect(timedOut("x", "handover"))
 		x.send(rel(tok, "handover"))
 		x.expect(notRel(tok, "handover"))
-		x.send(rel(tok2, "handover"))
-		x.expect(released(tok2, "handover"))
+		x.release(tok2, "handover")
 	})
 
 	t.Run("token matches, no waiters: delete the key", func(t *testing.T) {
 		c := s.dial(t)
 		tok := c.acquire("o", "del", 30000, 0)
-		c.send(rel(tok, "del"))
-		c.expect(released(tok, "del"))
+		c.release(tok, "del")
 		// Deleted: the same token no longer matches a registered key.
 		c.send(rel(tok, "del"))
 		c.expect(notRel(tok, "del"))
@@ -216,8 +206,7 @@ func TestReleaseTable(t *testing.T) {
 		}
 		c.send(acq("x", "differs", 30000, 0))
 		c.expect(timedOut("x", "differs"))
-		c.send(rel(tok, "differs"))
-		c.expect(released(tok, "differs"))
+		c.release(tok, "differs")
 	})
 
 	t.Run("not registered: N", func(t *testing.T) {
@@ -243,8 +232,7 @@ func TestFIFOThreeWaiters(t *testing.T) {
 		ws = append(ws, w)
 	}
 	for i, w := range ws {
-		h.send(rel(tok, "fifo"))
-		h.expect(released(tok, "fifo"))
+		h.release(tok, "fifo")
 		next := w.expectAcquired(fmt.Sprintf("w%d", i+1), "fifo")
 		if next <= tok {
 			t.Fatalf("waiter %d got token %d, not above %d", i+1, next, tok)
@@ -254,8 +242,7 @@ func TestFIFOThreeWaiters(t *testing.T) {
 		}
 		tok = next
 	}
-	h.send(rel(tok, "fifo"))
-	h.expect(released(tok, "fifo"))
+	h.release(tok, "fifo")
 	h.acquire("h", "fifo", 30000, 0)
 }
 
@@ -281,8 +268,7 @@ func TestWaitTimeout(t *testing.T) {
 	}
 	t.Logf("T after %v", d)
 	// The timed-out waiter left the queue: the release gives the key to nobody.
-	h.send(rel(tok, "wt"))
-	h.expect(released(tok, "wt"))
+	h.release(tok, "wt")
 	w.expectNothing(quiet)
 	h.acquire("h2", "wt", 30000, 0)
 }
@@ -324,8 +310,7 @@ func TestLazyTakeOver(t *testing.T) {
 				t.Fatalf("take-over token %d not above %d", tok, old)
 			}
 			w.expectNothing(quiet)
-			x.send(rel(tok, "lazyq"))
-			x.expect(released(tok, "lazyq"))
+			x.release(tok, "lazyq")
 			if wt := w.expectAcquired("w", "lazyq"); wt <= tok {
 				t.Fatalf("waiter token %d not above %d", wt, tok)
 			}
@@ -364,8 +349,7 @@ func TestHandOverAtLeaseEnd(t *testing.T) {
 	}
 	h.send(rel(old, "leaseend"), acq("x", "leaseend", 30000, 0))
 	h.expect(notRel(old, "leaseend"), timedOut("x", "leaseend"))
-	h.send(rel(tok, "leaseend"))
-	h.expect(released(tok, "leaseend"))
+	h.release(tok, "leaseend")
 }
 
 // TestReleaseExpired: a release of an expired key is R until the sweep deletes it, N after.
@@ -377,8 +361,7 @@ func TestReleaseExpired(t *testing.T) {
 		c := s.dial(t)
 		tok := c.acquire("o", "exp", 100, 0)
 		time.Sleep(300 * time.Millisecond)
-		c.send(rel(tok, "exp"))
-		c.expect(released(tok, "exp"))
+		c.release(tok, "exp")
 		c.send(rel(tok, "exp"))
 		c.expect(notRel(tok, "exp"))
 	})
@@ -410,15 +393,13 @@ func TestCapacity(t *testing.T) {
 		// Other keys are unaffected by the full queue of k.
 		w2.acquire("w2", "other", 30000, 0)
 		// Unchanged: w1 is the only waiter and gets the key; w2 was not queued.
-		h.send(rel(tok, "k"))
-		h.expect(released(tok, "k"))
+		h.release(tok, "k")
 		tok1 := w1.expectAcquired("w1", "k")
 		w2.expectNothing(quiet)
 		// The queue has room again.
 		w2.send(acq("w4", "k", 30000, 10000))
 		w2.sync("k")
-		h.send(rel(tok1, "k"))
-		h.expect(released(tok1, "k"))
+		h.release(tok1, "k")
 		w2.expectAcquired("w4", "k")
 	})
 	t.Run("max-waiters", func(t *testing.T) {
@@ -433,8 +414,7 @@ func TestCapacity(t *testing.T) {
 		w.sync("a")
 		w.send(acq("wb", "b", 30000, 10000), acq("wb0", "b", 30000, 0))
 		w.expect(busy("wb", "b"), timedOut("wb0", "b"))
-		h.send(rel(ta, "a"))
-		h.expect(released(ta, "a"))
+		h.release(ta, "a")
 		w.expectAcquired("wa", "a")
 	})
 	t.Run("max-keys", func(t *testing.T) {
@@ -482,11 +462,9 @@ func TestOutOfOrderAnswers(t *testing.T) {
 	if want := []string{notRel(7, "nokey"), timedOut("c.3", "slow")}; tok2 == 0 || !sameSet(rest, want) {
 		t.Fatalf("want A <token> c.2 fast, %q and %q first; got A for c.2: %v, others %q", want[0], want[1], tok2 != 0, rest)
 	}
-	c.send(rel(tok2, "fast"))
-	c.expect(released(tok2, "fast"))
+	c.release(tok2, "fast")
 	c.expectNothing(quiet)
-	h.send(rel(tok, "slow"))
-	h.expect(released(tok, "slow"))
+	h.release(tok, "slow")
 	c.expectAcquired("c.1", "slow")
 }
 
@@ -620,8 +598,7 @@ func TestFieldLimitsAccepted(t *testing.T) {
 	key250 := strings.Repeat("k", 250)
 	owner128 := strings.Repeat("o", 128)
 	tok := c.acquire(owner128, key250, 3600000, 3600000)
-	c.send(rel(tok, key250))
-	c.expect(released(tok, key250))
+	c.release(tok, key250)
 
 	high := "k\xc3\xa9\x80\xff~!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}"
 	tok = c.acquire("\xff", high, 1, 0)

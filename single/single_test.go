@@ -77,23 +77,25 @@ func (p *pairs) round(t testing.TB) {
 	for i := 0; i < p.depth; i++ {
 		p.req = codec.AppendAcquire(p.req, []byte("owner"), keyNames[i], 30000, 0)
 	}
-	if _, err := p.c.Write(p.req); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < p.depth; i++ {
-		line, err := p.r.ReadSlice('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
+	p.exchange(t, func(i int, line []byte) {
 		if _, err := codec.ParseAnswer(line, &a); err != nil || a.Kind != 'A' {
 			t.Fatalf("acquire %d: %q", i, line)
 		}
 		p.toks[i] = a.Token
-	}
+	})
 	p.req = p.req[:0]
 	for i := 0; i < p.depth; i++ {
 		p.req = codec.AppendRelease(p.req, p.toks[i], keyNames[i])
 	}
+	p.exchange(t, func(i int, line []byte) {
+		if line[0] != 'R' {
+			t.Fatalf("release %d: %q", i, line)
+		}
+	})
+}
+
+// exchange writes p.req and hands each of its depth answers to check.
+func (p *pairs) exchange(t testing.TB, check func(i int, line []byte)) {
 	if _, err := p.c.Write(p.req); err != nil {
 		t.Fatal(err)
 	}
@@ -102,9 +104,7 @@ func (p *pairs) round(t testing.TB) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if line[0] != 'R' {
-			t.Fatalf("release %d: %q", i, line)
-		}
+		check(i, line)
 	}
 }
 

@@ -4,9 +4,8 @@ package main
 // started on loopback, with the test binary itself as the command of run.
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -20,11 +19,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 var (
-	ticketdBin, ticketctlBin    string
-	ctlBuildErr, serverBuildErr error // tests that need the binary fail with it; the others still run
+	ticketctlBin string
+	ctlBuildErr  error // tests that need the binary fail with it; the others still run
 )
 
 const childEnv = "TICKETCTL_TEST_CHILD" // set: the test binary plays a command for run
@@ -43,22 +44,17 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	ticketdBin = filepath.Join(dir, "ticketd")
-	ticketctlBin = filepath.Join(dir, "ticketctl")
-	ctlArgs := []string{"build", "-o", ticketctlBin}
+	var flags []string
 	if raceEnabled {
-		ctlArgs = append(ctlArgs, "-race")
+		flags = append(flags, "-race")
 	}
-	ctlBuildErr = build(append(ctlArgs, "github.com/ticketd/ticketd/cmd/ticketctl"))
-	serverBuildErr = build([]string{"build", "-o", ticketdBin, "github.com/ticketd/ticketd/cmd/ticketd"})
-	return m.Run()
-}
-
-func build(args []string) error {
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	root, err := serverproc.ModuleRoot()
+	if err == nil {
+		ticketctlBin, err = serverproc.Build(context.Background(), root, "./cmd/ticketctl", dir, flags...)
 	}
-	return nil
+	ctlBuildErr = err
+	// ticketd is built by the first startServer; Main removes it.
+	return serverproc.Main(m.Run)
 }
 
 // child is a command for run to hold the lock around.
@@ -219,57 +215,16 @@ func waitOutput(t *testing.T, b *lockedBuffer, want string) {
 // to its pid) at cleanup.
 func startServer(t *testing.T, flags ...string) string {
 	t.Helper()
-	if serverBuildErr != nil {
-		t.Fatal(serverBuildErr)
-	}
-	args := append([]string{"--listen", "127.0.0.1:0", "--log-format", "json", "--data-dir", t.TempDir()}, flags...)
-	cmd := exec.Command(ticketdBin, args...)
-	stderr, err := cmd.StderrPipe()
+	p, err := serverproc.StartTicketd("", t.TempDir(), 20*time.Second, flags...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("ticketd: %v", err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	addrc := make(chan string, 1)
-	var logMu sync.Mutex
-	var logTail []string
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sent := false
-		for sc.Scan() {
-			logMu.Lock()
-			logTail = append(logTail, sc.Text())
-			logMu.Unlock()
-			var rec struct{ Msg, Addr string }
-			if !sent && json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-				addrc <- rec.Addr
-				sent = true
-			}
-		}
-	}()
-	go func() { cmd.Wait(); close(exited) }()
-	logs := func() string { logMu.Lock(); defer logMu.Unlock(); return strings.Join(logTail, "\n") }
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-			t.Errorf("ticketd did not exit within 10s of SIGTERM\n%s", logs())
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Errorf("ticketd: %v\n%s", err, p.Log())
 		}
 	})
-	select {
-	case addr := <-addrc:
-		return addr
-	case <-exited:
-		t.Fatalf("ticketd exited before listening\n%s", logs())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("ticketd did not log \"listening\" within 20s\n%s", logs())
-	}
-	return ""
+	return p.Addr
 }
 
 func TestHelp(t *testing.T) {

@@ -111,6 +111,10 @@ func serve(cfg *config, log *zap.Logger) error {
 		_ = runner.Close()
 		return err
 	}
+	// Before "listening": a signal sent as soon as that line appears must
+	// find the handler in place and shut down cleanly.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	runner.Attach(srv)
 	if err := srv.Serve(ln); err != nil {
 		_ = runner.Close()
@@ -124,8 +128,6 @@ func serve(cfg *config, log *zap.Logger) error {
 		zap.Int("max_conns", cfg.maxConns),
 		zap.String("version", buildVersion()))
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	s := <-sig
 	log.Info("shutting down", zap.String("signal", s.String()))
 	signal.Stop(sig)
