@@ -497,18 +497,7 @@ func (r *Runner) Stats() shard.Stats {
 		p.mu.Lock()
 		s := p.t.Stats()
 		p.mu.Unlock()
-		sum.Keys += s.Keys
-		sum.Waiters += s.Waiters
-		sum.LastToken = max(sum.LastToken, s.LastToken)
-		sum.Grants += s.Grants
-		sum.HandOvers += s.HandOvers
-		sum.Expiries += s.Expiries
-		sum.TimedOut += s.TimedOut
-		sum.Busy += s.Busy
-		sum.Released += s.Released
-		sum.NotReleased += s.NotReleased
-		sum.Swept += s.Swept
-		sum.Withdrawn += s.Withdrawn
+		sum.Add(s)
 	}
 	return sum
 }
