@@ -38,19 +38,3 @@ func (b *Budget) take() bool {
 func (b *Budget) force() { b.n.Add(1) }
 
 func (b *Budget) put() { b.n.Add(-1) }
-
-// Add sums o into s (the tables of one server); LastToken takes the maximum.
-func (s *Stats) Add(o Stats) {
-	s.Keys += o.Keys
-	s.Waiters += o.Waiters
-	s.LastToken = max(s.LastToken, o.LastToken)
-	s.Grants += o.Grants
-	s.HandOvers += o.HandOvers
-	s.Expiries += o.Expiries
-	s.TimedOut += o.TimedOut
-	s.Busy += o.Busy
-	s.Released += o.Released
-	s.NotReleased += o.NotReleased
-	s.Swept += o.Swept
-	s.Withdrawn += o.Withdrawn
-}

@@ -116,6 +116,22 @@ type Stats struct {
 	Withdrawn   uint64 // queued acquires dropped by OpWithdraw
 }
 
+// Add sums o into s (the tables of one server); LastToken takes the maximum.
+func (s *Stats) Add(o Stats) {
+	s.Keys += o.Keys
+	s.Waiters += o.Waiters
+	s.LastToken = max(s.LastToken, o.LastToken)
+	s.Grants += o.Grants
+	s.HandOvers += o.HandOvers
+	s.Expiries += o.Expiries
+	s.TimedOut += o.TimedOut
+	s.Busy += o.Busy
+	s.Released += o.Released
+	s.NotReleased += o.NotReleased
+	s.Swept += o.Swept
+	s.Withdrawn += o.Withdrawn
+}
+
 // entry is a key. live: registered (held or grace-held, maybe with waiters); not live: a
 // tombstone kept in the map so that the next acquire of the key finds it without allocating.
 type entry struct {
