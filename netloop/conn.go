@@ -32,6 +32,10 @@ type Conn struct {
 // goroutine.
 func (c *Conn) ID() uint64 { return c.id }
 
+// Pending is how many of the connection's requests are not answered yet
+// (queued acquires among them). Loop only, and in Backend.Closed.
+func (c *Conn) Pending() int { return c.inflight }
+
 // NextSeq numbers the connection's requests. Loop only.
 func (c *Conn) NextSeq() uint64 { c.seq++; return c.seq }
 
@@ -84,21 +88,28 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s.parked.del(c)
 	s.conns.Add(-1)
 	s.cfg.Backend.Closed(c)
-	// Grants that never reached the client would leak until their lease
-	// ends; nobody knows their tokens, so give them back now.
+	s.orphans.Add(int64(releaseUndelivered(mail, s.cfg.Backend)))
+	return gnet.None
+}
+
+// releaseUndelivered gives back the grants in mail, answers that never
+// reached their client: they would leak until their lease ends, since
+// nobody knows their tokens. It returns how many it released.
+func releaseUndelivered(mail []byte, b Backend) int {
+	n := 0
 	for len(mail) > 0 {
 		var a codec.Answer
-		n, err := codec.ParseAnswer(mail, &a)
-		if n == 0 || err != nil {
+		k, err := codec.ParseAnswer(mail, &a)
+		if k == 0 || err != nil {
 			break
 		}
 		if a.Kind == 'A' {
-			s.orphans.Add(1)
-			s.cfg.Backend.Orphaned(a.Token, a.Key)
+			b.Orphaned(a.Token, a.Key)
+			n++
 		}
-		mail = mail[n:]
+		mail = mail[k:]
 	}
-	return gnet.None
+	return n
 }
 
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {

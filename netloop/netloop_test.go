@@ -22,7 +22,6 @@ type fakeBackend struct {
 	mu      sync.Mutex
 	parked  []*Conn
 	closed  atomic.Int64
-	orphans atomic.Int64
 }
 
 func (b *fakeBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
@@ -46,8 +45,8 @@ func (b *fakeBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte,
 	return out, n, false
 }
 
-func (b *fakeBackend) Closed(*Conn)            { b.closed.Add(1) }
-func (b *fakeBackend) Orphaned(uint64, []byte) { b.orphans.Add(1) }
+func (b *fakeBackend) Closed(*Conn)          { b.closed.Add(1) }
+func (*fakeBackend) Orphaned(uint64, []byte) {}
 
 func startServer(t *testing.T, cfg Config) (*Server, string) {
 	t.Helper()
@@ -265,7 +264,7 @@ func TestMaxConnsRefusesAndKeepsServing(t *testing.T) {
 	}
 }
 
-func TestCloseReportsAndReleasesUndelivered(t *testing.T) {
+func TestCloseTellsBackendAndUnregisters(t *testing.T) {
 	b := &fakeBackend{}
 	s, addr := startServer(t, Config{Backend: b})
 	c, r := dial(t, addr)
@@ -278,6 +277,28 @@ func TestCloseReportsAndReleasesUndelivered(t *testing.T) {
 	if s.Conn(id) != nil {
 		t.Fatal("closed connection still registered")
 	}
+}
+
+// Grants left in a closed connection's mailbox are released; other answers
+// are dropped.
+func TestReleaseUndelivered(t *testing.T) {
+	b := &orphanRecorder{}
+	mail := []byte("T w later\nA 7 w k1\nR 3 k2\nA 9 v k3\n")
+	if n := releaseUndelivered(mail, b); n != 2 {
+		t.Fatalf("released %d, want 2", n)
+	}
+	if want := []string{"7 k1", "9 k3"}; fmt.Sprint(b.got) != fmt.Sprint(want) {
+		t.Fatalf("released %v, want %v", b.got, want)
+	}
+}
+
+type orphanRecorder struct {
+	fakeBackend
+	got []string
+}
+
+func (o *orphanRecorder) Orphaned(tok uint64, key []byte) {
+	o.got = append(o.got, fmt.Sprintf("%d %s", tok, key))
 }
 
 func TestEpollLayoutGuard(t *testing.T) {

@@ -228,9 +228,10 @@ func (r *Runner) restore(b []byte) error {
 // starts the timers.
 func (r *Runner) Attach(srv *netloop.Server) {
 	r.srv = srv
-	r.wg.Add(2)
+	r.wg.Add(3)
 	go r.timerLoop()
 	go r.sweepLoop()
+	go r.ceilingLoop()
 }
 
 // Handle implements netloop.Backend.
@@ -316,11 +317,14 @@ func encode(dst []byte, a *shard.Answer) []byte {
 	}
 }
 
-// afterApply keeps the durable lease ceiling ahead of every granted
+// afterApply makes sure the durable lease ceiling covers every granted
 // deadline and tells the timer about an earlier deadline. Under p.mu.
 func (r *Runner) afterApply(p *part) {
 	if d := p.t.MaxDeadline(); d > r.leaseCeil.Load() {
-		r.raiseLeaseCeil(d)
+		// ceilingLoop keeps the ceiling ahead of steady traffic; only a
+		// lease longer than any before lands here, and pays a synced
+		// write under the shard lock before its answer can be written.
+		r.persistLeaseCeil(d + leaseStep)
 	}
 	if p.updateNext() < r.nextWake.Load() {
 		select {
@@ -330,19 +334,45 @@ func (r *Runner) afterApply(p *part) {
 	}
 }
 
-// raiseLeaseCeil persists a lease ceiling past d before any answer that
-// grants d is written, so that after a crash no new grant can overlap it.
-func (r *Runner) raiseLeaseCeil(d int64) {
+// persistLeaseCeil writes a lease ceiling of at least ceil, synced, so that
+// after a crash no new grant can overlap a lease granted before it.
+func (r *Runner) persistLeaseCeil(ceil int64) {
 	r.leaseMu.Lock()
 	defer r.leaseMu.Unlock()
-	if d <= r.leaseCeil.Load() {
+	if ceil <= r.leaseCeil.Load() {
 		return
 	}
-	ceil := d + leaseStep
 	if err := r.store.setUint(keyLease, uint64(ceil)); err != nil {
 		r.log.Fatal("cannot persist lease ceiling", zap.Error(err))
 	}
 	r.leaseCeil.Store(ceil)
+}
+
+// ceilingLoop moves the lease ceiling ahead of the granted deadlines before
+// a grant needs it, so that in steady traffic the synced write happens here
+// and not under a shard lock on an event loop. Checked every leaseStep/8 and
+// raised to the latest deadline + leaseStep once less than leaseStep/2 is
+// left, it stays ahead of deadlines that move with the clock.
+func (r *Runner) ceilingLoop() {
+	defer r.wg.Done()
+	t := time.NewTicker(time.Duration(leaseStep / 8))
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		var d int64
+		for _, p := range r.parts {
+			p.mu.Lock()
+			d = max(d, p.t.MaxDeadline())
+			p.mu.Unlock()
+		}
+		if d > 0 && r.leaseCeil.Load()-d < leaseStep/2 {
+			r.persistLeaseCeil(d + leaseStep)
+		}
+	}
 }
 
 func (p *part) updateNext() int64 {
@@ -355,8 +385,12 @@ func (p *part) updateNext() int64 {
 }
 
 // Closed implements netloop.Backend: withdraw the connection's waiters from
-// every shard (a connection does not know which shards it queued on).
+// every shard (a connection does not know which shards it queued on). A
+// connection with no unanswered request has no waiters anywhere.
 func (r *Runner) Closed(c *netloop.Conn) {
+	if c.Pending() == 0 {
+		return
+	}
 	now := r.clock.now()
 	for _, p := range r.parts {
 		p.mu.Lock()
