@@ -211,6 +211,3 @@ func (s *Server) Stats() Stats {
 		Orphans:     s.orphans.Load(),
 	}
 }
-
-// Addr is the listening address.
-func (s *Server) Addr() net.Addr { return s.ln.Addr() }

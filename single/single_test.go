@@ -3,6 +3,7 @@ package single
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net"
 	"runtime"
 	"strconv"
@@ -177,8 +178,8 @@ func TestCleanRestartKeepsHolders(t *testing.T) {
 	if r.Crashed || r.Restored != 1 || r.TokenFloor != tok {
 		t.Fatalf("after clean restart: crashed=%v restored=%d floor=%d, want false 1 %d", r.Crashed, r.Restored, r.TokenFloor, tok)
 	}
-	if _, err := Open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Second}); err == nil {
-		t.Fatal("a second runner opened a data dir in use")
+	if _, err := Open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Second}); !errors.Is(err, ErrDataDirInUse) {
+		t.Fatalf("a second runner on a data dir in use: %v, want ErrDataDirInUse", err)
 	}
 }
 

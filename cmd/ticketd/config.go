@@ -39,11 +39,6 @@ type config struct {
 // the data dir's files, the admin listener and the event loops' pollers.
 const descriptorReserve = 256
 
-// usageError is a bad flag value: the message names the flag.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
-
 func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("ticketd", flag.ContinueOnError)
@@ -69,17 +64,17 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 			return nil, err
 		}
 		// The flag package names the flag in its message.
-		return nil, usageError{err.Error()}
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, usageError{fmt.Sprintf("unexpected argument %q (flags start with --)", fs.Arg(0))}
+		return nil, fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
 	}
 	return c, c.validate()
 }
 
 func (c *config) validate() error {
 	bad := func(flag, format string, args ...any) error {
-		return usageError{fmt.Sprintf("invalid --%s: %s", flag, fmt.Sprintf(format, args...))}
+		return fmt.Errorf("invalid --%s: %s", flag, fmt.Sprintf(format, args...))
 	}
 	if c.version {
 		return nil
