@@ -234,18 +234,22 @@ func (r *Runner) Attach(srv *netloop.Server) {
 	go r.ceilingLoop()
 }
 
+// part is the shard that holds key.
+func (r *Runner) part(key []byte) *part {
+	if len(r.parts) == 1 {
+		return r.parts[0] // no hashing when there is nothing to choose
+	}
+	return r.parts[shard.Index(key, len(r.parts))]
+}
+
 // Handle implements netloop.Backend.
 func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	now := r.clock.now()
 	self := c.ID()
 	answered := 0
-	n := len(r.parts)
 	for i := range reqs {
 		q := &reqs[i]
-		p := r.parts[0]
-		if n > 1 {
-			p = r.parts[shard.Index(q.Key, n)]
-		}
+		p := r.part(q.Key)
 		p.mu.Lock()
 		if r.closing.Load() {
 			p.mu.Unlock()
@@ -395,22 +399,26 @@ func (r *Runner) Closed(c *netloop.Conn) {
 	for _, p := range r.parts {
 		p.mu.Lock()
 		if p.t.Stats().Waiters > 0 {
-			p.cmd = shard.Command{Op: shard.OpWithdraw, From: shard.Requester{Conn: c.ID()}}
-			p.out = p.t.Apply(now, &p.cmd, p.out[:0])
-			r.dispatch(p, now, 0, nil)
+			r.applyInternal(p, now, shard.Command{Op: shard.OpWithdraw, From: shard.Requester{Conn: c.ID()}})
 		}
 		p.mu.Unlock()
 	}
 }
 
+// applyInternal applies a command of the server's own (no connection waits
+// for its answer) and dispatches what it decides for others. Under p.mu.
+func (r *Runner) applyInternal(p *part, now int64, cmd shard.Command) {
+	p.cmd = cmd
+	p.out = p.t.Apply(now, &p.cmd, p.out[:0])
+	r.dispatch(p, now, 0, nil)
+}
+
 // Orphaned implements netloop.Backend.
 func (r *Runner) Orphaned(token uint64, key []byte) {
 	now := r.clock.now()
-	p := r.parts[shard.Index(key, len(r.parts))]
+	p := r.part(key)
 	p.mu.Lock()
-	p.cmd = shard.Command{Op: shard.OpRelease, Key: key, Token: token}
-	p.out = p.t.Apply(now, &p.cmd, p.out[:0])
-	r.dispatch(p, now, 0, nil)
+	r.applyInternal(p, now, shard.Command{Op: shard.OpRelease, Key: key, Token: token})
 	p.mu.Unlock()
 }
 
