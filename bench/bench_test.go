@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -153,13 +154,25 @@ func TestOpenLoopChargesStalls(t *testing.T) {
 	}
 }
 
-func TestTicketdWireAgainstFake(t *testing.T) {
+// runOnFake runs l against a fresh fake ticketd and requires that the run
+// left no key held.
+func runOnFake(t *testing.T, l Load) *Result {
+	t.Helper()
 	f := startFake(t)
-	res, err := Run(ctxT(t), Load{System: Ticketd, Addr: f.addr(), Conns: 4, Depth: 8,
-		Warmup: 50 * time.Millisecond, Duration: 300 * time.Millisecond, Keys: Dist{Keys: 50}})
+	l.System, l.Addr = Ticketd, f.addr()
+	res, err := Run(ctxT(t), l)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n := f.held(); n != 0 {
+		t.Fatalf("run left %d keys held", n)
+	}
+	return res
+}
+
+func TestTicketdWireAgainstFake(t *testing.T) {
+	res := runOnFake(t, Load{Conns: 4, Depth: 8,
+		Warmup: 50 * time.Millisecond, Duration: 300 * time.Millisecond, Keys: Dist{Keys: 50}})
 	checkPairs(t, res)
 	if res.Refused == 0 {
 		t.Fatal("32 pairs in flight on 50 keys with wait 0 should meet some T")
@@ -167,19 +180,12 @@ func TestTicketdWireAgainstFake(t *testing.T) {
 	if res.NotReleased != 0 {
 		t.Fatalf("%d releases refused", res.NotReleased)
 	}
-	if n := f.held(); n != 0 {
-		t.Fatalf("run left %d keys held", n)
-	}
 }
 
 func TestHotKeysQueueAndHandOver(t *testing.T) {
-	f := startFake(t)
-	res, err := Run(ctxT(t), Load{System: Ticketd, Addr: f.addr(), Conns: 30, Depth: 1,
+	res := runOnFake(t, Load{Conns: 30, Depth: 1,
 		Warmup: 50 * time.Millisecond, Duration: 400 * time.Millisecond,
 		Keys: Dist{Keys: 1000, Hot: 2, HotFrac: 0.9}, WaitMs: 60000})
-	if err != nil {
-		t.Fatal(err)
-	}
 	checkPairs(t, res)
 	if res.Refused != 0 {
 		t.Fatalf("%d waits refused", res.Refused)
@@ -189,19 +195,12 @@ func TestHotKeysQueueAndHandOver(t *testing.T) {
 	if Q(res.Acquire, 90) < 4*Q(res.Acquire, 10) {
 		t.Fatalf("acquire p10 %s p90 %s: no queuing seen", Q(res.Acquire, 10), Q(res.Acquire, 90))
 	}
-	if n := f.held(); n != 0 {
-		t.Fatalf("run left %d keys held", n)
-	}
 }
 
 func TestContendedFairOnFake(t *testing.T) {
-	f := startFake(t)
-	res, err := Run(ctxT(t), Load{System: Ticketd, Addr: f.addr(), Conns: 40, Depth: 1,
+	res := runOnFake(t, Load{Conns: 40, Depth: 1,
 		Warmup: 50 * time.Millisecond, Duration: 500 * time.Millisecond,
 		Keys: Dist{Keys: 4}, WaitMs: 60000})
-	if err != nil {
-		t.Fatal(err)
-	}
 	row := rowOf(ScenarioContended, res)
 	if row.Starved != 0 || row.Refused != 0 {
 		t.Fatalf("FIFO fake starved %d clients (min grants %d), %d refused", row.Starved, row.GrantsMin, row.Refused)
@@ -339,7 +338,7 @@ func TestTargets(t *testing.T) {
 	}
 
 	// Without Redis the Redis targets are skipped with the install command.
-	r.Rows = slicesDeleteSystem(r.Rows, Redis)
+	r.Rows = slices.DeleteFunc(r.Rows, func(x Row) bool { return x.System == Redis })
 	r.RedisVersion = ""
 	r.evaluate()
 	skips := 0
@@ -354,16 +353,6 @@ func TestTargets(t *testing.T) {
 	if skips != 3 {
 		t.Errorf("%d skipped targets without Redis, want 3", skips)
 	}
-}
-
-func slicesDeleteSystem(rows []Row, sys System) []Row {
-	var out []Row
-	for _, r := range rows {
-		if r.System != sys {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 func TestMarkdownAndChart(t *testing.T) {

@@ -194,10 +194,12 @@ func writeResults(rep *Report, out, name string) (string, error) {
 	if err := os.WriteFile(filepath.Join(out, base+".md"), []byte(md), 0o644); err != nil && firstErr == nil {
 		firstErr = err
 	}
-	if js, err := rep.JSON(); err == nil {
-		if err := os.WriteFile(filepath.Join(out, base+".json"), js, 0o644); err != nil && firstErr == nil {
-			firstErr = err
-		}
+	js, err := rep.JSON()
+	if err == nil {
+		err = os.WriteFile(filepath.Join(out, base+".json"), js, 0o644)
+	}
+	if err != nil && firstErr == nil {
+		firstErr = fmt.Errorf("json: %w", err)
 	}
 	return md, firstErr
 }

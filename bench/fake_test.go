@@ -33,7 +33,6 @@ type fakeWaiter struct {
 type fakeConn struct {
 	mu sync.Mutex
 	w  *bufio.Writer
-	nc net.Conn
 }
 
 func (c *fakeConn) send(b []byte) {
@@ -67,12 +66,11 @@ func (f *fakeTicketd) addr() string { return f.ln.Addr().String() }
 
 func (f *fakeTicketd) serve(nc net.Conn) {
 	defer nc.Close()
-	c := &fakeConn{w: bufio.NewWriter(nc), nc: nc}
-	r := bufio.NewReader(nc)
+	c := &fakeConn{w: bufio.NewWriter(nc)}
 	var buf []byte
 	rd := make([]byte, 4096)
 	for {
-		n, err := r.Read(rd)
+		n, err := nc.Read(rd)
 		buf = append(buf, rd[:n]...)
 		var out []byte
 		for {

@@ -1,7 +1,7 @@
 package bench
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -133,10 +133,14 @@ type Holders struct {
 }
 
 type holdProc struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	waited chan struct{}
-	log    *serverproc.Log
+	p     *serverproc.Proc
+	stdin io.WriteCloser
+}
+
+// holdReady takes the count from the "ready <n>" line holdMain prints.
+func holdReady(line []byte) (string, bool) {
+	n, ok := bytes.CutPrefix(line, []byte("ready "))
+	return string(n), ok
 }
 
 // Add starts processes of self (argv of a program whose first
@@ -145,8 +149,8 @@ type holdProc struct {
 // dialing from 127.0.0.<firstSource+k>.
 func (h *Holders) Add(self, env []string, addr string, n, perProc, firstSource int, touch bool) error {
 	type started struct {
-		p     *holdProc
-		ready chan error
+		hp *holdProc
+		m  int
 	}
 	var batch []started
 	total := n
@@ -160,49 +164,26 @@ func (h *Holders) Add(self, env []string, addr string, n, perProc, firstSource i
 		cmd := exec.Command(self[0], args...)
 		cmd.Env = append(os.Environ(), env...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		p := &holdProc{cmd: cmd, waited: make(chan struct{}), log: &serverproc.Log{}}
-		var err error
-		if p.stdin, err = cmd.StdinPipe(); err != nil {
-			return err
-		}
-		out, err := cmd.StdoutPipe()
+		stdin, err := cmd.StdinPipe()
 		if err != nil {
 			return err
 		}
-		cmd.Stderr = p.log
-		if err := cmd.Start(); err != nil {
+		p, err := serverproc.Start(cmd, holdReady)
+		if err != nil {
 			return fmt.Errorf("start hold process: %w", err)
 		}
-		ready := make(chan error, 2) // the answer, then the exit: never blocks
-		go func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				if rest, ok := strings.CutPrefix(sc.Text(), "ready "); ok {
-					if got, _ := strconv.Atoi(rest); got == m {
-						ready <- nil
-					} else {
-						ready <- fmt.Errorf("hold process opened %s of %d", rest, m)
-					}
-				}
-			}
-			ready <- errors.New("hold process exited before it was ready")
-			cmd.Wait() // after the last read of its stdout, as exec requires
-			close(p.waited)
-		}()
-		h.procs = append(h.procs, p)
-		batch = append(batch, started{p, ready})
+		hp := &holdProc{p: p, stdin: stdin}
+		h.procs = append(h.procs, hp)
+		batch = append(batch, started{hp, m})
 	}
 	var firstErr error
 	for _, s := range batch {
-		select {
-		case err := <-s.ready:
-			if err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("%w\n%s", err, s.p.log.Tail(logLines))
-			}
-		case <-time.After(120 * time.Second):
-			if firstErr == nil {
-				firstErr = errors.New("hold process not ready within 120s")
-			}
+		err := s.hp.p.WaitReady(120 * time.Second) // kills a process that is not ready in time
+		if err == nil && s.hp.p.Addr != strconv.Itoa(s.m) {
+			err = fmt.Errorf("hold process opened %s of %d\n%s", s.hp.p.Addr, s.m, s.hp.p.Log().Tail(logLines))
+		}
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("hold process: %w", err)
 		}
 	}
 	if firstErr != nil {
@@ -215,15 +196,14 @@ func (h *Holders) Add(self, env []string, addr string, n, perProc, firstSource i
 // Stop closes every hold process's stdin, so it closes its connections and
 // exits; one that does not within 10s is killed.
 func (h *Holders) Stop() {
-	for _, p := range h.procs {
-		p.stdin.Close()
+	for _, hp := range h.procs {
+		hp.stdin.Close()
 	}
-	for _, p := range h.procs {
+	for _, hp := range h.procs {
 		select {
-		case <-p.waited:
+		case <-hp.p.Done():
 		case <-time.After(10 * time.Second):
-			p.cmd.Process.Kill()
-			<-p.waited
+			hp.p.Kill()
 		}
 	}
 	h.procs, h.Conns = nil, 0

@@ -25,7 +25,7 @@ func TestSmokeSuite(t *testing.T) {
 	}
 	root, err := serverproc.ModuleRoot()
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -85,7 +85,7 @@ func TestSmokeSuite(t *testing.T) {
 		t.Errorf("Redis runs %d, want %d", systems[Redis], perSystem)
 	}
 	if len(rep.Scale) != 2 || rep.Scale[1].Active == nil || rep.Scale[1].Idle != p.Idle[0] {
-		t.Errorf("scale rows %+v", rep.Scale)
+		t.Fatalf("scale rows %+v", rep.Scale)
 	}
 	if rep.Scale[1].RSSAfter <= 0 || rep.ServerFDLimit <= 0 {
 		t.Errorf("no memory or limit read: %+v, limit %d", rep.Scale[1], rep.ServerFDLimit)

@@ -11,7 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,9 +47,7 @@ func TestMain(m *testing.M) {
 type server struct {
 	t       testing.TB
 	p       *serverproc.Proc
-	cmd     *exec.Cmd
-	done    <-chan struct{} // closed when the process has exited
-	addr    string
+	addr    string // p.Addr
 	dataDir string
 }
 
@@ -83,7 +81,7 @@ func launchWrapped(t testing.TB, wrapper []string, dataDir string, flags ...stri
 	if err != nil {
 		return nil, err
 	}
-	s := &server{t: t, p: p, cmd: cmd, done: p.Done(), addr: p.Addr, dataDir: dataDir}
+	s := &server{t: t, p: p, addr: p.Addr, dataDir: dataDir}
 	t.Cleanup(func() {
 		s.stop()
 		if t.Failed() {
@@ -378,19 +376,7 @@ func parseAcquired(line, owner, key string) (uint64, bool) {
 }
 
 func sameSet(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	x := append([]string(nil), a...)
-	y := append([]string(nil), b...)
-	sort.Strings(x)
-	sort.Strings(y)
-	for i := range x {
-		if x[i] != y[i] {
-			return false
-		}
-	}
-	return true
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
 func clip(p []byte) string {

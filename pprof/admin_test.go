@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func get(t *testing.T, url string) (int, string, http.Header) {
@@ -139,6 +141,20 @@ func TestRegistrationMistakesPanic(t *testing.T) {
 func TestOwnRegistryAndMux(t *testing.T) {
 	a := New()
 	a.GaugeFunc("only_here", "Private gauge.", func() float64 { return 1 })
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatalf("gathering the default registry: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "only_here" {
+			t.Errorf("the default registry holds only_here")
+		}
+	}
+	own := httptest.NewServer(a.Handler())
+	defer own.Close()
+	if _, body, _ := get(t, own.URL+"/metrics"); !strings.Contains(body, "only_here 1\n") {
+		t.Errorf("the Admin's own /metrics lacks only_here")
+	}
 	def := httptest.NewServer(http.DefaultServeMux)
 	defer def.Close()
 	if code, _, _ := get(t, def.URL+"/metrics"); code != http.StatusNotFound {
