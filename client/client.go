@@ -151,7 +151,7 @@ func (cl *Client) Acquire(ctx context.Context, key string, lease, wait time.Dura
 // clash fails with ErrInvalid. Names that start with the client id and a dot
 // are reserved for generated owners.
 func (cl *Client) AcquireAs(ctx context.Context, owner, key string, lease, wait time.Duration) (Lock, error) {
-	if len(owner) > codec.MaxOwner || !validText(owner) {
+	if !validField(owner, codec.MaxOwner) {
 		return Lock{}, fmt.Errorf("%w: owner %q: want 1 to %d bytes without spaces or control bytes",
 			ErrInvalid, owner, codec.MaxOwner)
 	}
@@ -263,7 +263,7 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 }
 
 func checkKey(key string) error {
-	if len(key) > codec.MaxKey || !validText(key) {
+	if !validField(key, codec.MaxKey) {
 		return fmt.Errorf("%w: key %q: want 1 to %d bytes without spaces or control bytes",
 			ErrInvalid, key, codec.MaxKey)
 	}
@@ -336,14 +336,7 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 func getCall() *call { return callPool.Get().(*call) }
 
 func putCall(c *call) {
-	c.next = nil
-	c.state.Store(stWaiting)
-	c.internal = false
-	c.seq, c.leaseMs, c.waitMs, c.token, c.resToken = 0, 0, 0, 0, 0
-	c.owner, c.key = "", ""
-	c.sent, c.start = time.Time{}, time.Time{}
-	c.res = 0
-	c.err = nil
+	*c = call{done: c.done} // stWaiting, and nothing of this use left behind
 	callPool.Put(c)
 }
 

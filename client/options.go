@@ -75,7 +75,7 @@ func (c *config) validate() error {
 		rand.Read(b[:]) // never fails (crypto/rand panics instead)
 		c.clientID = hex.EncodeToString(b[:])
 	}
-	if len(c.clientID) > codec.MaxOwner-maxSeqLen || !validText(c.clientID) {
+	if !validField(c.clientID, codec.MaxOwner-maxSeqLen) {
 		return fmt.Errorf("%w: WithClientID(%q): want 1 to %d bytes without spaces or control bytes",
 			ErrInvalid, c.clientID, codec.MaxOwner-maxSeqLen)
 	}
@@ -91,16 +91,10 @@ func (c *config) validate() error {
 	return nil
 }
 
-// validText reports whether s is a valid key or owner byte string, leaving
-// the length limit to the caller.
-func validText(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if b := s[i]; b <= ' ' || b == 0x7f {
-			return false
-		}
-	}
-	return true
+// validField reports whether s is 1 to max bytes (max <= codec.MaxKey) that
+// the server accepts in a key or owner. The byte rules are codec's: with a
+// valid token, ValidateRelease judges only the key. []byte(s) does not
+// escape, so it does not copy.
+func validField(s string, max int) bool {
+	return len(s) <= max && codec.ValidateRelease(1, []byte(s)) == nil
 }

@@ -12,6 +12,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
@@ -158,10 +159,19 @@ func (c *command) help(w io.Writer) {
 }
 
 // parse reads flags anywhere among the arguments, as people type them
-// ("acquire KEY --wait 5s"). With tail, the arguments after npos positional
-// ones (or after "--") are returned apart: the command of run, whose own
-// flags are not ticketctl's. ok false: the exit code is in code.
-func (c *command) parse(args []string, npos int, tail bool, stdout, stderr io.Writer) (pos, rest []string, code int, ok bool) {
+// ("acquire KEY --wait 5s"), and wants exactly npos positional ones (want
+// names them for the usage error). With tail, the arguments after npos
+// positional ones (or after "--") are returned apart: the command of run,
+// whose own flags are not ticketctl's. ok false: the exit code is in code.
+func (c *command) parse(args []string, npos int, want string, tail bool, stdout, stderr io.Writer) (pos, rest []string, code int, ok bool) {
+	pos, rest, code, ok = c.parseArgs(args, npos, tail, stdout, stderr)
+	if ok && len(pos) != npos {
+		return nil, nil, usageError(stderr, c.name, fmt.Sprintf("want %s, got %d arguments", want, len(pos))), false
+	}
+	return pos, rest, code, ok
+}
+
+func (c *command) parseArgs(args []string, npos int, tail bool, stdout, stderr io.Writer) (pos, rest []string, code int, ok bool) {
 	for {
 		if err := c.fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -277,12 +287,9 @@ refuse writes from a holder whose lease has ended (a lower token).
 	lease := c.fs.Duration("lease", 30*time.Second, "how long the lock lasts unless released (1ms resolution)")
 	wait := c.fs.Duration("wait", 0, "how long to queue for the key if it is held; 0 answers at once")
 	owner := c.fs.String("owner", "", "the owner `NAME` the server shows (default: a generated one)")
-	pos, _, code, ok := c.parse(args, 1, false, stdout, stderr)
+	pos, _, code, ok := c.parse(args, 1, "one KEY", false, stdout, stderr)
 	if !ok {
 		return code
-	}
-	if len(pos) != 1 {
-		return usageError(stderr, c.name, fmt.Sprintf("want one KEY, got %d arguments", len(pos)))
 	}
 	key := pos[0]
 	cl, code := dial(*c.addr, stderr)
@@ -294,14 +301,19 @@ refuse writes from a holder whose lease has ended (a lower token).
 	defer stop()
 	l, err := acquire(ctx, cl, *owner, key, *lease, *wait)
 	if err != nil {
-		code := report(stderr, err, *c.addr, key)
-		if err == client.ErrHeld && *wait > 0 {
-			fmt.Fprintf(stderr, "ticketctl: (waited %v)\n", *wait)
-		}
-		return code
+		return reportAcquire(stderr, err, *c.addr, key, *wait)
 	}
 	fmt.Fprintln(stdout, l.Token)
 	return exitOK
+}
+
+// reportAcquire is report for an acquire that queued up to wait.
+func reportAcquire(stderr io.Writer, err error, addr, key string, wait time.Duration) int {
+	code := report(stderr, err, addr, key)
+	if err == client.ErrHeld && wait > 0 {
+		fmt.Fprintf(stderr, "ticketctl: (waited %v)\n", wait)
+	}
+	return code
 }
 
 func acquire(ctx context.Context, cl *client.Client, owner, key string, lease, wait time.Duration) (client.Lock, error) {
@@ -314,7 +326,7 @@ func acquire(ctx context.Context, cl *client.Client, owner, key string, lease, w
 // signalContext ends at SIGINT or SIGTERM, or after d.
 func signalContext(d time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
-	sctx, stop := notifyContext(ctx)
+	sctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	return sctx, func() { stop(); cancel() }
 }
 
@@ -326,12 +338,9 @@ acquire'). Any process may release with the token: it alone proves
 holdership. Exits 5 if TOKEN does not hold KEY: it was released before, or its
 lease ended and the key may have gone to someone else since.
 `, addr)
-	pos, _, code, ok := c.parse(args, 2, false, stdout, stderr)
+	pos, _, code, ok := c.parse(args, 2, "KEY and TOKEN", false, stdout, stderr)
 	if !ok {
 		return code
-	}
-	if len(pos) != 2 {
-		return usageError(stderr, c.name, fmt.Sprintf("want KEY and TOKEN, got %d arguments", len(pos)))
 	}
 	key := pos[0]
 	token, err := strconv.ParseUint(pos[1], 10, 64)

@@ -357,8 +357,12 @@ func TestRunEnvAndStatus(t *testing.T) {
 		!strings.Contains(r.stdout, "addr="+addr) || strings.Contains(r.stdout, "deadline= ") {
 		t.Errorf("run: the command did not see its lock: %v", r)
 	}
+	i := strings.Index(r.stdout, "deadline=")
+	if i < 0 {
+		t.Fatalf("run: the command saw no TICKETD_DEADLINE: %v", r)
+	}
 	var dl string
-	fmt.Sscanf(r.stdout[strings.Index(r.stdout, "deadline="):], "deadline=%s", &dl)
+	fmt.Sscanf(r.stdout[i:], "deadline=%s", &dl)
 	if d, err := time.Parse(time.RFC3339Nano, dl); err != nil || time.Until(d) < 50*time.Second || time.Until(d) > time.Minute {
 		t.Errorf("TICKETD_DEADLINE %q: want about a minute from now", dl)
 	}

@@ -16,10 +16,6 @@ import (
 	"github.com/ticketd/ticketd/client"
 )
 
-func notifyContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-}
-
 func cmdRun(args []string, addr string, stdout, stderr io.Writer) int {
 	c := newCommand("run",
 		"ticketctl run KEY [--lease 30s] [--wait 10s] [--kill-on-expiry] [--addr HOST:PORT] -- COMMAND [ARGS...]",
@@ -46,12 +42,9 @@ does not run.
 	owner := c.fs.String("owner", "", "the owner `NAME` the server shows (default: a generated one)")
 	kill := c.fs.Bool("kill-on-expiry", false, "stop the command when the lease ends")
 	grace := c.fs.Duration("kill-grace", 5*time.Second, "with --kill-on-expiry, time between SIGTERM and SIGKILL")
-	pos, argv, code, ok := c.parse(args, 1, true, stdout, stderr)
+	pos, argv, code, ok := c.parse(args, 1, "one KEY", true, stdout, stderr)
 	if !ok {
 		return code
-	}
-	if len(pos) != 1 {
-		return usageError(stderr, c.name, fmt.Sprintf("want one KEY, got %d arguments", len(pos)))
 	}
 	if len(argv) == 0 {
 		return usageError(stderr, c.name, "no COMMAND given: ticketctl run KEY [FLAGS] -- COMMAND [ARGS...]")
@@ -79,11 +72,7 @@ does not run.
 		return exitSignal + signum(sig)
 	}
 	if err != nil {
-		code := report(stderr, err, *c.addr, key)
-		if err == client.ErrHeld && *wait > 0 {
-			fmt.Fprintf(stderr, "ticketctl: (waited %v)\n", *wait)
-		}
-		return code
+		return reportAcquire(stderr, err, *c.addr, key, *wait)
 	}
 
 	cmd := exec.Command(argv[0], argv[1:]...)
