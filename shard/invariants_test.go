@@ -4,7 +4,7 @@ import (
 	"fmt"
 )
 
-// checkTable verifies the table's internal bookkeeping: map, counts, queues, connection
+// checkTable verifies the table's internal bookkeeping: key index, counts, queues, connection
 // lists, the indexed heap and the rule for which lease timers exist.
 func checkTable(t *Table) error {
 	nkeys, nwait, ntomb := 0, 0, 0

@@ -111,7 +111,7 @@ func (t *Table) ReadSnapshot(r io.Reader) error {
 	if crc32.Checksum(body, castagnoli) != sum {
 		return ErrSnapshot
 	}
-	t.dropTombstones()
+	t.reset() // drops the tombstones, the only entries an empty table can hold
 	if err := t.decode(body[len(snapMagic)+1:]); err != nil {
 		t.reset()
 		return err
@@ -119,21 +119,7 @@ func (t *Table) ReadSnapshot(r io.Reader) error {
 	return nil
 }
 
-func (t *Table) dropTombstones() {
-	var tombs []*entry
-	t.keys.each(func(e *entry) {
-		if !e.live {
-			tombs = append(tombs, e)
-		}
-	})
-	for _, e := range tombs {
-		t.keys.del(e)
-		t.ntomb--
-		t.freeEntry(e)
-	}
-}
-
-// reset empties a table after a failed load.
+// reset empties the table: before a load (of tombstones) and after a failed one.
 func (t *Table) reset() {
 	var all []*entry
 	t.keys.each(func(e *entry) { all = append(all, e) })
@@ -214,13 +200,7 @@ func (t *Table) decode(b []byte) error {
 			t.cfg.Keys.force()
 		}
 		for j := uint64(0); j < nw && !d.bad; j++ {
-			var w *waiter
-			if n := len(t.freeW); n > 0 {
-				w = t.freeW[n-1]
-				t.freeW = t.freeW[:n-1]
-			} else {
-				w = &waiter{}
-			}
+			w := t.newWaiter()
 			node := d.uvarint()
 			w.from.Node = uint32(node)
 			w.from.Conn = d.uvarint()

@@ -133,9 +133,10 @@ func (s *Stats) Add(o Stats) {
 }
 
 // entry is a key. live: registered (held or grace-held, maybe with waiters); not live: a
-// tombstone kept in the map so that the next acquire of the key finds it without allocating.
+// tombstone kept in the key index (only with Config.MaxTombstones > 0) so that the next
+// acquire of the key finds it.
 type entry struct {
-	key      []byte // owned; while the entry is in the map, the map's string key aliases it
+	key      []byte // owned: inl[:n] or ext
 	token    uint64 // holder's token; 0 on a live entry: the grace phantom
 	deadline int64  // holder's lease end (phantom: grace end)
 	head     *waiter
@@ -597,7 +598,7 @@ func (t *Table) putWaiter() {
 }
 
 // register makes a live entry for key: the tombstone e if there is one, else a new entry in
-// the map. The caller has taken the key's room.
+// the key index. The caller has taken the key's room.
 func (t *Table) register(e *entry, key []byte) *entry {
 	if e != nil {
 		t.ntomb--
@@ -611,7 +612,7 @@ func (t *Table) register(e *entry, key []byte) *entry {
 }
 
 // unregister ends a live entry without waiters: it stays as a tombstone while there is room
-// for one, else it leaves the map.
+// for one (Config.MaxTombstones; none by default), else it leaves the key index.
 func (t *Table) unregister(e *entry) {
 	t.drop(e)
 	if t.ntomb < t.maxTomb {
@@ -622,7 +623,7 @@ func (t *Table) unregister(e *entry) {
 	t.freeEntry(e)
 }
 
-// drop makes e not live and gives back its room; the map is the caller's.
+// drop makes e not live and gives back its room; the key index is the caller's.
 func (t *Table) drop(e *entry) {
 	e.live = false
 	e.token, e.deadline = 0, 0
@@ -666,14 +667,7 @@ func (t *Table) freeEntry(e *entry) {
 
 // enqueue puts the acquire c at the tail of e's queue with its wait deadline.
 func (t *Table) enqueue(e *entry, now int64, c *Command) {
-	var w *waiter
-	if n := len(t.freeW); n > 0 {
-		w = t.freeW[n-1]
-		t.freeW[n-1] = nil
-		t.freeW = t.freeW[:n-1]
-	} else {
-		w = &waiter{}
-	}
+	w := t.newWaiter()
 	w.from = c.From
 	w.owner = append(w.owner[:0], c.Owner...)
 	w.leaseMs = c.LeaseMs
@@ -681,6 +675,17 @@ func (t *Table) enqueue(e *entry, now int64, c *Command) {
 	w.id = t.nextID
 	t.nextID++
 	t.link(e, w)
+}
+
+// newWaiter takes a waiter from the free list (its owner buffer kept for reuse) or makes one.
+func (t *Table) newWaiter() *waiter {
+	if n := len(t.freeW); n > 0 {
+		w := t.freeW[n-1]
+		t.freeW[n-1] = nil
+		t.freeW = t.freeW[:n-1]
+		return w
+	}
+	return &waiter{}
 }
 
 // link appends w to e's queue and its connection's list and starts its wait timer.

@@ -137,7 +137,7 @@ func TestSnapshotErrors(t *testing.T) {
 		}
 	}
 
-	tb := New(Config{Keys: budget})
+	tb := New(Config{Keys: budget, MaxTombstones: 1})
 	acq(tb, 0, 1, 1, "other", 1000, 0)
 	if err := tb.ReadSnapshot(bytes.NewReader(good)); err == nil {
 		t.Fatal("a snapshot was read into a table with keys")
@@ -155,7 +155,7 @@ func TestSnapshotErrors(t *testing.T) {
 }
 
 // A snapshot is a function of the state: histories that end in the same state (here with
-// other tombstones, free lists and map order) give the same bytes.
+// other tombstones, free lists and key index order) give the same bytes.
 func TestSnapshotDeterministic(t *testing.T) {
 	a, b := New(Config{}), New(Config{MaxTombstones: 3})
 	a.SetLastToken(100)
@@ -187,10 +187,10 @@ func TestTombstonesBounded(t *testing.T) {
 		rel(tb, 0, k, acq(tb, 0, 1, 1, k, 1000, 0)[0].Token)
 	}
 	if tb.keys.len() != 4 || tb.ntomb != 4 {
-		t.Fatalf("map holds %d entries, %d tombstones; want 4", tb.keys.len(), tb.ntomb)
+		t.Fatalf("index holds %d entries, %d tombstones; want 4", tb.keys.len(), tb.ntomb)
 	}
 	if n := tb.Sweep(0); n != 0 || tb.keys.len() != 0 {
-		t.Fatalf("sweep: %d removed, %d left in the map", n, tb.keys.len())
+		t.Fatalf("sweep: %d removed, %d left in the index", n, tb.keys.len())
 	}
 }
 
