@@ -31,42 +31,39 @@ func totalAllocs(n int, f func()) uint64 {
 // which allocates on its own.)
 
 func TestAllocsAcquireRelease(t *testing.T) {
-	for _, tomb := range []int{0, 100} { // released keys recycled through the free list (the default), or kept as tombstones
-		t.Run(fmt.Sprintf("tombstones=%d", tomb), func(t *testing.T) {
-			tb := New(Config{MaxTombstones: tomb, MaxKeys: 1000, ReserveTokens: func(next uint64) uint64 { return next + 1<<20 }})
-			keys := make([][]byte, 100)
-			for i := range keys {
-				keys[i] = fmt.Appendf(nil, "key-%d", i)
-			}
-			out := make([]Answer, 0, 4)
-			owner := []byte("w")
-			var now int64
-			i := 0
-			cycle := func() {
-				k := keys[i%len(keys)]
-				i++
-				now += 1e6
-				acq := Command{Op: OpAcquire, From: Requester{Conn: 1, Seq: uint64(i)}, Owner: owner, Key: k, LeaseMs: 30000}
-				out = tb.Apply(now, &acq, out[:0])
-				if len(out) != 1 || out[0].Result != Acquired {
-					t.Fatalf("acquire: %v", out)
-				}
-				rel := Command{Op: OpRelease, From: Requester{Conn: 1, Seq: uint64(i)}, Key: k, Token: out[0].Token}
-				out = tb.Apply(now, &rel, out[:0])
-				if len(out) != 1 || out[0].Result != Released {
-					t.Fatalf("release: %v", out)
-				}
-			}
-			for range 2 * len(keys) {
-				cycle()
-			}
-			if a := testing.AllocsPerRun(1000, cycle); a != 0 {
-				t.Errorf("acquire+release: %v allocations, want 0", a)
-			}
-			if a := totalAllocs(100000, cycle); a != 0 {
-				t.Errorf("acquire+release: %d allocations in 100000 cycles, want 0", a)
-			}
-		})
+	// Released keys leave the index; their entries come back through the free list.
+	tb := New(Config{MaxKeys: 1000, ReserveTokens: func(next uint64) uint64 { return next + 1<<20 }})
+	keys := make([][]byte, 100)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "key-%d", i)
+	}
+	out := make([]Answer, 0, 4)
+	owner := []byte("w")
+	var now int64
+	i := 0
+	cycle := func() {
+		k := keys[i%len(keys)]
+		i++
+		now += 1e6
+		acq := Command{Op: OpAcquire, From: Requester{Conn: 1, Seq: uint64(i)}, Owner: owner, Key: k, LeaseMs: 30000}
+		out = tb.Apply(now, &acq, out[:0])
+		if len(out) != 1 || out[0].Result != Acquired {
+			t.Fatalf("acquire: %v", out)
+		}
+		rel := Command{Op: OpRelease, From: Requester{Conn: 1, Seq: uint64(i)}, Key: k, Token: out[0].Token}
+		out = tb.Apply(now, &rel, out[:0])
+		if len(out) != 1 || out[0].Result != Released {
+			t.Fatalf("release: %v", out)
+		}
+	}
+	for range 2 * len(keys) {
+		cycle()
+	}
+	if a := testing.AllocsPerRun(1000, cycle); a != 0 {
+		t.Errorf("acquire+release: %v allocations, want 0", a)
+	}
+	if a := totalAllocs(100000, cycle); a != 0 {
+		t.Errorf("acquire+release: %d allocations in 100000 cycles, want 0", a)
 	}
 }
 

@@ -28,7 +28,7 @@
 // Replicated mode never compares now with a deadline in Apply: a lease ends only by
 // OpExpire with its token, a wait only by OpWaitTimeout, and an expired holder counts as
 // held until then. The leader finds those commands with Due. Tick does nothing in this
-// mode, and Sweep only drops tombstones (which are not state).
+// mode, and neither does Sweep.
 //
 // # Decisions where the protocol is silent
 //
@@ -82,14 +82,12 @@
 //
 // Keys live in keyIndex, an open-addressing hash table whose deletes leave no tombstones
 // (see keyindex.go for why not a Go map). A key of up to 48 bytes is stored inside its entry.
-// A released key without waiters leaves the index at once by default: the live set then
-// stays small and in cache, which measured 2.7x faster on the uncontended server benchmark
-// (acquire+release over a million keys) than keeping released keys for reuse. Keeping
-// them is still possible (Config.MaxTombstones: unregistered entries, not state, not in
-// snapshots, dropped by Sweep). Entries and waiters that leave are kept on small free lists
-// with their key and owner buffers, so acquire, release, queueing and hand-over allocate
-// nothing in steady state. A queued acquire copies its
-// owner (it outlives the request buffer); its key is its entry's.
+// A released key without waiters leaves the index at once: the live set then stays small
+// and in cache, which measured 2.7x faster on the uncontended server benchmark
+// (acquire+release over a million keys) than keeping released keys in the index for reuse.
+// Entries and waiters that leave are kept on small free lists with their key and owner
+// buffers, so acquire, release, queueing and hand-over allocate nothing in steady state.
+// A queued acquire copies its owner (it outlives the request buffer); its key is its entry's.
 //
 // # Snapshots
 //

@@ -510,7 +510,6 @@ func modelRun(seed uint64, steps int) error {
 		MaxKeys:          pick(0, 0, 2, 3),
 		MaxWaitersPerKey: pick(0, 1, 2, 3),
 		MaxWaiters:       pick(0, 2, 4, 6),
-		MaxTombstones:    pick(-1, 0, 1, 2),
 	}
 	var budgetMax int
 	if !cfg.Replicated && rng.IntN(3) == 0 {
@@ -523,7 +522,6 @@ func modelRun(seed uint64, steps int) error {
 			c.Keys = NewBudget(budgetMax) // each table its own: they hold the same keys
 		}
 		c.ReserveTokens = im.res.reserve
-		c.MaxTombstones = pick(-1, 0, 1, 2) // a cache: answers must not depend on it
 		im.t = New(c)
 		im.res.last = im.t.LastToken
 		return im

@@ -19,7 +19,7 @@ import (
 //	    per waiter, head first: node conn seq owner leaseMs waitDeadline id
 //	CRC-32C of everything before it (4 bytes, little endian)
 //
-// Sorting the keys makes the bytes a function of the state alone. Tombstones, statistics
+// Sorting the keys makes the bytes a function of the state alone. Statistics
 // and the reserved token ceiling are not state and are not written.
 const (
 	snapMagic   = "TKTS"
@@ -38,7 +38,7 @@ var errNotEmpty = errors.New("shard: ReadSnapshot into a table that is not empty
 // WriteSnapshot writes the table's state at this point (keys, holders, deadlines, waiters,
 // counter) to w. The same state always gives the same bytes.
 func (t *Table) WriteSnapshot(w io.Writer) error {
-	ents := make([]*entry, 0, t.nkeys)
+	ents := make([]*entry, 0, t.keys.len())
 	t.keys.each(func(e *entry) {
 		if e.live {
 			ents = append(ents, e)
@@ -89,12 +89,12 @@ func appendBytes(b, s []byte) []byte {
 	return append(b, s...)
 }
 
-// ReadSnapshot loads a snapshot into an empty table (tombstones aside). On error the table
+// ReadSnapshot loads a snapshot into an empty table. On error the table
 // is left empty. Capacity limits are not applied to what the snapshot holds: a restart must
 // not lose locks (the keys still count against the limits and the budget). The token
 // ceiling starts over, so ReserveTokens is called before the next grant.
 func (t *Table) ReadSnapshot(r io.Reader) error {
-	if t.nkeys != 0 || t.nwait != 0 {
+	if t.keys.len() != 0 || t.nwait != 0 {
 		return errNotEmpty
 	}
 	data, err := io.ReadAll(r)
@@ -111,7 +111,7 @@ func (t *Table) ReadSnapshot(r io.Reader) error {
 	if crc32.Checksum(body, castagnoli) != sum {
 		return ErrSnapshot
 	}
-	t.reset() // drops the tombstones, the only entries an empty table can hold
+	t.reset() // the counters and the token ceiling start over
 	if err := t.decode(body[len(snapMagic)+1:]); err != nil {
 		t.reset()
 		return err
@@ -119,7 +119,7 @@ func (t *Table) ReadSnapshot(r io.Reader) error {
 	return nil
 }
 
-// reset empties the table: before a load (of tombstones) and after a failed one.
+// reset empties the table: before a load and after a failed one.
 func (t *Table) reset() {
 	var all []*entry
 	t.keys.each(func(e *entry) { all = append(all, e) })
@@ -127,11 +127,7 @@ func (t *Table) reset() {
 		for e.head != nil {
 			t.removeWaiter(e.head)
 		}
-		if e.live {
-			t.drop(e)
-		} else {
-			t.ntomb--
-		}
+		t.drop(e)
 		t.keys.del(e)
 		t.freeEntry(e)
 	}
@@ -195,7 +191,6 @@ func (t *Table) decode(b []byte) error {
 		e := t.newEntry(key)
 		t.keys.put(e)
 		e.live, e.token, e.deadline = true, token, deadline
-		t.nkeys++
 		if t.cfg.Keys != nil {
 			t.cfg.Keys.force()
 		}

@@ -75,10 +75,6 @@ type Answer struct {
 	Deadline int64 // Acquired: when the lease ends
 }
 
-// DefaultMaxTombstones is how many released keys a table keeps for reuse when
-// Config.MaxTombstones is 0: none (see Memory in the package doc).
-const DefaultMaxTombstones = 0
-
 // maxFree bounds each free list: enough to absorb churn, small enough that a burst does not
 // pin its memory for good.
 const maxFree = 1024
@@ -94,9 +90,6 @@ type Config struct {
 	// ReserveTokens is called when the next token would pass the current ceiling; it returns a
 	// new ceiling (single mode persists a block first). nil: no ceiling.
 	ReserveTokens func(next uint64) uint64
-	// MaxTombstones bounds the released keys kept in the index for reuse (not state, only a
-	// cache). 0: DefaultMaxTombstones; negative: keep none.
-	MaxTombstones int
 }
 
 // Stats is a point-in-time view; the counters are cumulative since New (not in snapshots).
@@ -132,9 +125,8 @@ func (s *Stats) Add(o Stats) {
 	s.Withdrawn += o.Withdrawn
 }
 
-// entry is a key. live: registered (held or grace-held, maybe with waiters); not live: a
-// tombstone kept in the key index (only with Config.MaxTombstones > 0) so that the next
-// acquire of the key finds it.
+// entry is a registered key (held or grace-held, maybe with waiters). live is false only
+// for an entry on its way out of the key index or on the free list.
 type entry struct {
 	key      []byte // owned: inl[:n] or ext
 	token    uint64 // holder's token; 0 on a live entry: the grace phantom
@@ -171,8 +163,7 @@ type connID struct {
 // Table is the lock table of one shard. It is not safe for concurrent use: one goroutine
 // (a shard's event loop, or a replica's state machine) calls all its methods.
 type Table struct {
-	cfg     Config
-	maxTomb int
+	cfg Config
 
 	// State, all in snapshots: the live entries of keys with their queues, and the
 	// fields marked so.
@@ -185,11 +176,9 @@ type Table struct {
 	// Derived from the state, rebuilt by ReadSnapshot.
 	conns map[connID]*waiter // head of each connection's waiter list
 	heap  timerHeap
-	nkeys int // live entries
 	nwait int
 
 	// Not state.
-	ntomb   int
 	ceiling uint64 // tokens up to here are reserved (with ReserveTokens)
 	freeE   []*entry
 	freeW   []*waiter
@@ -205,12 +194,6 @@ func New(cfg Config) *Table {
 		panic("shard: Config.Keys and Config.Waiters must be nil in Replicated mode")
 	}
 	t := &Table{cfg: cfg, keys: newKeyIndex(), conns: make(map[connID]*waiter)}
-	switch {
-	case cfg.MaxTombstones == 0:
-		t.maxTomb = DefaultMaxTombstones
-	case cfg.MaxTombstones > 0:
-		t.maxTomb = cfg.MaxTombstones
-	}
 	return t
 }
 
@@ -239,7 +222,7 @@ func (t *Table) Apply(now int64, c *Command, out []Answer) []Answer {
 
 func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 	e := t.keys.get(c.Key)
-	if e == nil || !e.live {
+	if e == nil {
 		if now < t.grace {
 			// Grace: the key counts as held by a phantom (token 0) until t.grace.
 			if c.WaitMs == 0 {
@@ -252,7 +235,7 @@ func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 				t.putWaiter()
 				return t.refuse(out, c, Busy)
 			}
-			e = t.register(e, c.Key)
+			e = t.register(c.Key)
 			e.token, e.deadline = 0, t.grace
 			t.enqueue(e, now, c)
 			t.syncLease(e)
@@ -261,7 +244,7 @@ func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 		if !t.takeKey() {
 			return t.refuse(out, c, Busy)
 		}
-		e = t.register(e, c.Key)
+		e = t.register(c.Key)
 		return t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
 	}
 	if !t.cfg.Replicated && e.deadline <= now {
@@ -284,7 +267,7 @@ func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 
 func (t *Table) release(now int64, c *Command, out []Answer) []Answer {
 	e := t.keys.get(c.Key)
-	if e == nil || !e.live || e.token == 0 || e.token != c.Token {
+	if e == nil || e.token == 0 || e.token != c.Token {
 		t.st.NotReleased++
 		return append(out, Answer{To: c.From, Result: NotReleased, Token: c.Token, Key: c.Key})
 	}
@@ -299,7 +282,7 @@ func (t *Table) release(now int64, c *Command, out []Answer) []Answer {
 
 func (t *Table) expire(now int64, c *Command, out []Answer) []Answer {
 	e := t.keys.get(c.Key)
-	if e == nil || !e.live || e.token != c.Token {
+	if e == nil || e.token != c.Token {
 		return out // stale: the lease already ended or the key changed hands
 	}
 	if e.token != 0 {
@@ -418,23 +401,17 @@ func (t *Table) Due(now int64, out []Command) []Command {
 }
 
 // Sweep deletes expired keys that have no waiters (single mode, every --sweep-interval).
-// It also drops every tombstone. In Replicated mode it only drops tombstones (which are not
-// state) and returns 0: keys there end by OpExpire.
+// In Replicated mode it does nothing and returns 0: keys there end by OpExpire.
 func (t *Table) Sweep(now int64) (removed int) {
 	gone := t.gone[:0]
 	t.keys.each(func(e *entry) {
-		if !e.live || (!t.cfg.Replicated && e.nwait == 0 && e.deadline <= now) {
+		if !t.cfg.Replicated && e.nwait == 0 && e.deadline <= now {
 			gone = append(gone, e)
 		}
 	})
 	for i, e := range gone {
 		gone[i] = nil
 		t.keys.del(e)
-		if !e.live {
-			t.ntomb--
-			t.freeEntry(e)
-			continue
-		}
 		if e.token != 0 {
 			t.st.Expiries++
 		}
@@ -462,7 +439,7 @@ func (t *Table) Grace() int64 { return t.grace }
 // Stats returns the current sizes and the counters.
 func (t *Table) Stats() Stats {
 	s := t.st
-	s.Keys, s.Waiters, s.LastToken = t.nkeys, t.nwait, t.last
+	s.Keys, s.Waiters, s.LastToken = t.keys.len(), t.nwait, t.last
 	return s
 }
 
@@ -573,7 +550,7 @@ func (t *Table) syncLease(e *entry) {
 }
 
 func (t *Table) takeKey() bool {
-	if t.cfg.MaxKeys > 0 && t.nkeys >= t.cfg.MaxKeys {
+	if t.cfg.MaxKeys > 0 && t.keys.len() >= t.cfg.MaxKeys {
 		return false
 	}
 	return t.cfg.Keys == nil || t.cfg.Keys.take()
@@ -597,28 +574,17 @@ func (t *Table) putWaiter() {
 	}
 }
 
-// register makes a live entry for key: the tombstone e if there is one, else a new entry in
-// the key index. The caller has taken the key's room.
-func (t *Table) register(e *entry, key []byte) *entry {
-	if e != nil {
-		t.ntomb--
-	} else {
-		e = t.newEntry(key)
-		t.keys.put(e)
-	}
+// register makes a live entry for key in the key index. The caller has taken the key's room.
+func (t *Table) register(key []byte) *entry {
+	e := t.newEntry(key)
+	t.keys.put(e)
 	e.live = true
-	t.nkeys++
 	return e
 }
 
-// unregister ends a live entry without waiters: it stays as a tombstone while there is room
-// for one (Config.MaxTombstones; none by default), else it leaves the key index.
+// unregister ends a live entry without waiters; it leaves the key index.
 func (t *Table) unregister(e *entry) {
 	t.drop(e)
-	if t.ntomb < t.maxTomb {
-		t.ntomb++
-		return
-	}
 	t.keys.del(e)
 	t.freeEntry(e)
 }
@@ -630,7 +596,6 @@ func (t *Table) drop(e *entry) {
 	if e.hidx >= 0 {
 		t.heap.remove(e.hidx)
 	}
-	t.nkeys--
 	if t.cfg.Keys != nil {
 		t.cfg.Keys.put()
 	}

@@ -137,12 +137,12 @@ func TestSnapshotErrors(t *testing.T) {
 		}
 	}
 
-	tb := New(Config{Keys: budget, MaxTombstones: 1})
+	tb := New(Config{Keys: budget})
 	acq(tb, 0, 1, 1, "other", 1000, 0)
 	if err := tb.ReadSnapshot(bytes.NewReader(good)); err == nil {
 		t.Fatal("a snapshot was read into a table with keys")
 	}
-	rel(tb, 0, "other", 1) // now only a tombstone is left: that is empty
+	rel(tb, 0, "other", 1) // empty again, after a history
 	if err := tb.ReadSnapshot(bytes.NewReader(good)); err != nil {
 		t.Fatal(err)
 	}
@@ -155,9 +155,9 @@ func TestSnapshotErrors(t *testing.T) {
 }
 
 // A snapshot is a function of the state: histories that end in the same state (here with
-// other tombstones, free lists and key index order) give the same bytes.
+// other free lists and key index layouts) give the same bytes.
 func TestSnapshotDeterministic(t *testing.T) {
-	a, b := New(Config{}), New(Config{MaxTombstones: 3})
+	a, b := New(Config{}), New(Config{})
 	a.SetLastToken(100)
 	for i := range 100 {
 		k := fmt.Sprintf("gone-%d", i)
@@ -180,17 +180,19 @@ func TestSnapshotDeterministic(t *testing.T) {
 	}
 }
 
-func TestTombstonesBounded(t *testing.T) {
-	tb := New(Config{MaxTombstones: 4})
+// A released key without waiters leaves the key index at once: the index
+// holds registered keys only, so it stays small under churn.
+func TestReleasedKeysLeaveIndex(t *testing.T) {
+	tb := New(Config{})
 	for i := range 10 {
 		k := fmt.Sprintf("k%d", i)
 		rel(tb, 0, k, acq(tb, 0, 1, 1, k, 1000, 0)[0].Token)
 	}
-	if tb.keys.len() != 4 || tb.ntomb != 4 {
-		t.Fatalf("index holds %d entries, %d tombstones; want 4", tb.keys.len(), tb.ntomb)
+	if tb.keys.len() != 0 {
+		t.Fatalf("index holds %d entries after every key was released, want 0", tb.keys.len())
 	}
-	if n := tb.Sweep(0); n != 0 || tb.keys.len() != 0 {
-		t.Fatalf("sweep: %d removed, %d left in the index", n, tb.keys.len())
+	if n := tb.Sweep(0); n != 0 {
+		t.Fatalf("sweep removed %d, want 0", n)
 	}
 }
 
