@@ -32,9 +32,10 @@
 //
 // # Decisions where the protocol is silent
 //
-//   - Single mode never grants to a queued acquire whose wait has passed, even if Tick
-//     has not seen it yet: a hand-over (release, lease end) answers it T and tries the
-//     next in line. A release that finds nobody left deletes the key.
+//   - No mode grants to a queued acquire whose wait has passed, even if Tick (or, in
+//     Replicated mode, its OpWaitTimeout) has not come yet: a hand-over (release, lease
+//     end) answers it T and tries the next in line. Replicated mode compares the wait with
+//     the command's time, which every replica shares. A release that finds nobody left deletes the key.
 //   - Tick runs due timers in a fixed order: by deadline; at the same deadline wait ends
 //     before lease ends; then by token (lease) or arrival (wait); then by key. Answers
 //     come in that order. A release appends R, then the T of any skipped waiter, then A.
@@ -56,6 +57,9 @@
 //     Replicated mode the comparison of now with the grace's end uses the command's time,
 //     and the phantom's lease ends by OpExpire with token 0 (Due reports it).
 //   - OpExpire and OpWaitTimeout work in single mode too, as explicit commands.
+//   - OpWithdrawBelow drops the queued acquires of one node's connections numbered below
+//     a bound: a cluster node numbers its connections above every earlier incarnation's,
+//     so this withdraws the waiters a restarted node can no longer answer.
 //   - OpWaitTimeout matches the waiter by the whole Requester and the key; the earliest
 //     such waiter goes if one was queued twice.
 //   - The holder's owner is not kept: the protocol gives it no meaning beyond the answer.

@@ -78,7 +78,7 @@ func (m *model) handOver(out []Answer, key string, k *mKey, now int64) ([]Answer
 	for len(k.q) > 0 {
 		w := k.q[0]
 		k.q = k.q[1:]
-		if !m.repl && w.wait <= now {
+		if w.wait <= now {
 			out = m.timeOut(out, key, w)
 			continue
 		}
@@ -178,10 +178,10 @@ func (m *model) apply(now int64, c *Command) []Answer {
 				break
 			}
 		}
-	case OpWithdraw:
+	case OpWithdraw, OpWithdrawBelow:
 		for key, k := range m.keys {
 			k.q = slices.DeleteFunc(k.q, func(w mWaiter) bool {
-				if w.from.Node == c.From.Node && w.from.Conn == c.From.Conn {
+				if w.from.Node == c.From.Node && withdrawn(c, w.from) {
 					m.st.Withdrawn++
 					return true
 				}
@@ -191,6 +191,14 @@ func (m *model) apply(now int64, c *Command) []Answer {
 		}
 	}
 	return out
+}
+
+// withdrawn tells whether the withdraw command c takes the waiter of r (same node).
+func withdrawn(c *Command, r Requester) bool {
+	if c.Op == OpWithdrawBelow {
+		return r.Conn < c.From.Conn
+	}
+	return r.Conn == c.From.Conn
 }
 
 // mTimer is a deadline found by scanning: a wait end (waiter set) or a lease end.
@@ -377,9 +385,9 @@ func (h *tracker) observe(now int64, c *Command, out []Answer) error {
 			if k := h.key(string(c.Key)); k.live && k.tok == c.Token {
 				k.live = false
 			}
-		case OpWithdraw:
+		case OpWithdraw, OpWithdrawBelow:
 			for r, w := range h.waiting {
-				if r.Node == c.From.Node && r.Conn == c.From.Conn {
+				if r.Node == c.From.Node && withdrawn(c, r) {
 					delete(h.waiting, r)
 					k := h.keys[w.key]
 					k.queue = slices.DeleteFunc(k.queue, func(q Requester) bool { return q == r })
@@ -416,7 +424,7 @@ func (h *tracker) observe(now int64, c *Command, out []Answer) error {
 				if len(k.queue) == 0 || k.queue[0] != a.To {
 					return fmt.Errorf("hand-over of %s to %v, not the head %v", a.Key, a.To, k.queue)
 				}
-				if !h.repl && h.waiting[a.To].wait <= now {
+				if h.waiting[a.To].wait <= now {
 					return fmt.Errorf("granted to %v after its wait passed", a.To)
 				}
 			}
@@ -632,8 +640,11 @@ func modelRun(seed uint64, steps int) error {
 					return fmt.Errorf("step %d sweep on %s: %d, model %d", i, im.name, got, want)
 				}
 			}
-		case r < 79: // withdraw a connection
+		case r < 79: // withdraw a connection, or every connection of a node below one
 			c := Command{Op: OpWithdraw, From: Requester{Node: node(), Conn: uint64(1 + rng.IntN(3))}}
+			if rng.IntN(4) == 0 {
+				c.Op = OpWithdrawBelow
+			}
 			want := m.apply(now, &c)
 			err = step(i, "withdraw", func(t *Table) []Answer { return t.Apply(now, &c, nil) }, want, &c)
 		case r < 84: // an expire with a current or stale token, in either mode

@@ -150,7 +150,7 @@ func (s *scenario) run(line string) ([]string, error) {
 		if err != nil {
 			return Requester{}, err
 		}
-		seq, err := a.num("seq", 0, f[0] != "withdraw")
+		seq, err := a.num("seq", 0, f[0] != "withdraw" && f[0] != "withdraw-below")
 		return Requester{Node: uint32(node), Conn: conn, Seq: seq}, err
 	}
 	c := Command{}
@@ -220,8 +220,11 @@ func (s *scenario) run(line string) ([]string, error) {
 			return nil, err
 		}
 		c.Key = []byte(key)
-	case "withdraw":
+	case "withdraw", "withdraw-below":
 		c.Op = OpWithdraw
+		if f[0] == "withdraw-below" {
+			c.Op = OpWithdrawBelow
+		}
 		if c.From, err = req(); err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bytes"
+	"cmp"
 	"math"
 	"slices"
 )
@@ -22,9 +23,10 @@ const (
 	OpExpire                    // Key, Token: the lease of Token ends (cluster leader); stale token: no-op
 	OpWaitTimeout               // From (the waiter), Key: its wait ends with T; already answered: no-op
 	OpWithdraw                  // From.Node+From.Conn: drop every queued acquire of that connection, no answers
+	OpWithdrawBelow             // From.Node+From.Conn: drop every queued acquire of node From.Node whose Conn < From.Conn (an earlier incarnation of that node), no answers
 )
 
-var opNames = [...]string{"", "acquire", "release", "expire", "wait-timeout", "withdraw"}
+var opNames = [...]string{"", "acquire", "release", "expire", "wait-timeout", "withdraw", "withdraw-below"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) && o != 0 {
@@ -216,6 +218,9 @@ func (t *Table) Apply(now int64, c *Command, out []Answer) []Answer {
 	case OpWithdraw:
 		t.withdraw(c.From)
 		return out
+	case OpWithdrawBelow:
+		t.withdrawBelow(c.From)
+		return out
 	}
 	panic("shard: unknown Op " + c.Op.String())
 }
@@ -316,6 +321,27 @@ func (t *Table) waitTimeout(c *Command, out []Answer) []Answer {
 func (t *Table) withdraw(from Requester) {
 	id := connID{from.Node, from.Conn}
 	for w := t.conns[id]; w != nil; w = t.conns[id] {
+		e := w.e
+		t.removeWaiter(w)
+		t.st.Withdrawn++
+		t.settle(e)
+	}
+}
+
+// withdrawBelow drops the waiters of every connection of node from.Node with a smaller
+// connection id, in arrival order so that every replica frees them alike.
+func (t *Table) withdrawBelow(from Requester) {
+	var ws []*waiter
+	for id, w := range t.conns {
+		if id.node != from.Node || id.conn >= from.Conn {
+			continue
+		}
+		for ; w != nil; w = w.cnext {
+			ws = append(ws, w)
+		}
+	}
+	slices.SortFunc(ws, func(a, b *waiter) int { return cmp.Compare(a.id, b.id) })
+	for _, w := range ws {
 		e := w.e
 		t.removeWaiter(w)
 		t.st.Withdrawn++
@@ -493,13 +519,14 @@ func (t *Table) nextToken() uint64 {
 }
 
 // handOver gives the key to the head of its queue after its lease ended or was released.
-// In single mode a waiter whose wait has passed is never granted, even if Tick has not
-// seen it yet: it gets its T and the next one is tried. false: nobody was left to take it
+// A waiter whose wait has passed by now is never granted, even if Tick (or, replicated, its
+// OpWaitTimeout) has not come yet: it gets its T and the next one is tried. In Replicated
+// mode now is the command's time, so every replica decides alike. false: nobody was left to take it
 // (the caller decides what becomes of the key).
 func (t *Table) handOver(e *entry, now int64, out []Answer) ([]Answer, bool) {
 	for e.head != nil {
 		w := e.head
-		if !t.cfg.Replicated && w.wait <= now {
+		if w.wait <= now {
 			out = t.timeOut(w, out)
 			continue
 		}
