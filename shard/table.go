@@ -18,12 +18,12 @@ type Requester struct {
 type Op uint8
 
 const (
-	OpAcquire     Op = iota + 1 // From, Owner, Key, LeaseMs, WaitMs
-	OpRelease                   // From, Key, Token
-	OpExpire                    // Key, Token: the lease of Token ends (cluster leader); stale token: no-op
-	OpWaitTimeout               // From (the waiter), Key: its wait ends with T; already answered: no-op
-	OpWithdraw                  // From.Node+From.Conn: drop every queued acquire of that connection, no answers
-	OpWithdrawBelow             // From.Node+From.Conn: drop every queued acquire of node From.Node whose Conn < From.Conn (an earlier incarnation of that node), no answers
+	OpAcquire       Op = iota + 1 // From, Owner, Key, LeaseMs, WaitMs
+	OpRelease                     // From, Key, Token
+	OpExpire                      // Key, Token: the lease of Token ends (cluster leader); stale token: no-op
+	OpWaitTimeout                 // From (the waiter), Key: its wait ends with T; already answered: no-op
+	OpWithdraw                    // From.Node+From.Conn: drop every queued acquire of that connection, no answers
+	OpWithdrawBelow               // From.Node+From.Conn: drop every queued acquire of node From.Node whose Conn < From.Conn (an earlier incarnation of that node), no answers
 )
 
 var opNames = [...]string{"", "acquire", "release", "expire", "wait-timeout", "withdraw", "withdraw-below"}
