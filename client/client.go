@@ -130,6 +130,8 @@ func (cl *Client) Close() error {
 //
 // It returns the Lock, or:
 //   - ErrHeld: held by someone else until the wait passed;
+//   - ErrWaitEnded: the server ended the wait before it passed (it is
+//     shutting down); errors.Is(err, ErrHeld) holds for it too;
 //   - ErrBusy: the server is at capacity;
 //   - a *ConnError: the connection broke, or none is up (check
 //     errors.Is(err, ErrOutcomeUnknown));
@@ -214,6 +216,8 @@ func (cl *Client) acquire(ctx context.Context, owner, key string, lease, wait ti
 		}
 		l = Lock{Key: key, Token: c.resToken, Owner: owner,
 			Deadline: c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)}
+	case c.res == 'T' && c.early:
+		err = ErrWaitEnded
 	case c.res == 'T':
 		err = ErrHeld
 	default: // 'B'
@@ -326,6 +330,7 @@ type call struct {
 	// Set by the connection before done is signalled.
 	res      byte // answer kind
 	resToken uint64
+	early    bool      // a T that came before the wait could have passed
 	start    time.Time // grant time estimate (acquire)
 	err      error
 	done     chan struct{} // capacity 1, one signal per use

@@ -332,6 +332,10 @@ func TestServerRestart(t *testing.T) {
 				var se *client.ServerError
 				switch {
 				case err == nil, err == client.ErrHeld, err == client.ErrNotHeld:
+				case err == client.ErrWaitEnded: // queued when the server shut down
+					if phase.Load() == 2 {
+						t.Errorf("worker %d: the wait ended early with the server up: %v", w, err)
+					}
 				case errors.As(err, &se):
 					t.Errorf("worker %d: the server refused a request the client sent: %v", w, err)
 				case errors.Is(err, client.ErrConnBroken):

@@ -383,6 +383,9 @@ func (s *slot) readLoop(nc net.Conn) error {
 					break
 				}
 				c.res, c.resToken = a.Kind, a.Token
+				if a.Kind == 'T' && c.waitMs > 0 {
+					c.early = now.Sub(c.sent) < earlyBefore(c.waitMs)
+				}
 				if c.kind == 'R' || c.waitMs == 0 {
 					s.rtt.Store(int64(now.Sub(c.sent)))
 					c.start = c.sent
@@ -420,6 +423,16 @@ func (s *slot) readLoop(nc net.Conn) error {
 			return rerr
 		}
 	}
+}
+
+// earlyBefore is how soon after the send a T to an acquire that waits waitMs
+// shows that the server ended the wait itself: its wait starts after the
+// request arrived, so a T in time cannot come before waitMs has passed here.
+// The margin (2% and 5ms) covers clocks that run at slightly different
+// rates; a T within it counts as a wait that passed.
+func earlyBefore(waitMs uint64) time.Duration {
+	w := time.Duration(waitMs) * time.Millisecond
+	return w - w/50 - 5*time.Millisecond
 }
 
 // match finds and removes the pending call that answer a belongs to; nil if

@@ -25,7 +25,9 @@
 //
 // The server's refusals are plain values: ErrHeld (T: held by someone else
 // past the wait), ErrBusy (B: at capacity) and ErrNotHeld (N: the token does
-// not hold the key). A call that loses its connection fails with a *ConnError
+// not hold the key). A T that comes before the wait could have passed is
+// ErrWaitEnded: the server gave up the wait, as it does for every queued
+// acquire when it shuts down; errors.Is(err, ErrHeld) holds for it too. A call that loses its connection fails with a *ConnError
 // (errors.Is(err, ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells
 // whether the request had been sent, so that the server may have carried it
 // out. An E line from the server (it could not parse a request) fails every

@@ -6,11 +6,21 @@ import (
 )
 
 // Answers that are not errors of the connection. Each is returned as is, so
-// compare with == or errors.Is.
+// compare with == or errors.Is (errors.Is(ErrWaitEnded, ErrHeld) holds).
 var (
 	// ErrHeld: the key is held by someone else and the wait (zero, or the
-	// one given) passed first. The server answered T.
+	// one given) passed first. The server answered T. After a crash restart
+	// the server answers every key so until the leases granted before the
+	// crash could have ended (its grace period): T cannot tell that apart.
 	ErrHeld = errors.New("ticketd: key is held by someone else")
+
+	// ErrWaitEnded: the server answered T before the wait sent could have
+	// passed, so it ended the wait itself, as a single-mode server does for
+	// every queued acquire when it shuts down. The key was not acquired and
+	// nothing is left queued; whether it is held is unknown. It matches
+	// ErrHeld with errors.Is (it is a T answer); compare with == to tell the
+	// two apart.
+	ErrWaitEnded error = waitEnded{}
 
 	// ErrBusy: the server or the key's wait queue is at its capacity limit;
 	// nothing was queued or registered. The server answered B.
@@ -21,6 +31,15 @@ var (
 	// answered N.
 	ErrNotHeld = errors.New("ticketd: token does not hold the key")
 )
+
+// waitEnded is ErrWaitEnded: a type of its own, so that it can match ErrHeld.
+type waitEnded struct{}
+
+func (waitEnded) Error() string {
+	return "ticketd: the server ended the wait before it passed (shutting down or restarting); not acquired"
+}
+
+func (waitEnded) Is(target error) bool { return target == ErrHeld }
 
 var (
 	// ErrConnBroken matches (with errors.Is) every *ConnError: the call could

@@ -297,12 +297,51 @@ func TestWaitCutToDeadline(t *testing.T) {
 	cl := dial(t, addr, client.WithConns(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := cl.Acquire(ctx, "k", time.Second, time.Hour); err != client.ErrHeld {
-		t.Fatalf("Acquire: %v, want ErrHeld", err)
+	// A T at once to a wait of about 2s: the server ended the wait.
+	if _, err := cl.Acquire(ctx, "k", time.Second, time.Hour); err != client.ErrWaitEnded {
+		t.Fatalf("Acquire: %v, want ErrWaitEnded", err)
 	}
 	f := <-got
 	if w, _ := strconv.Atoi(f[4]); w > 2000 || w < 1500 {
 		t.Fatalf("wait sent %s ms, want at most the 2s left", f[4])
+	}
+}
+
+// A T that comes before the wait sent could have passed is ErrWaitEnded (the
+// server gave up the wait, as at shutdown); one after it, or to wait 0, is
+// ErrHeld.
+func TestEarlyT(t *testing.T) {
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		for {
+			f := readFields(t, r)
+			if len(f) != 5 {
+				return
+			}
+			if f[2] == "served" { // answer when the wait has passed
+				w, _ := strconv.Atoi(f[4])
+				time.Sleep(time.Duration(w) * time.Millisecond)
+			}
+			fmt.Fprintf(nc, "T %s %s\n", f[1], f[2])
+		}
+	})
+	cl := dial(t, addr, client.WithConns(1))
+	ctx := testCtx(t)
+	for _, c := range []struct {
+		key  string
+		wait time.Duration
+		want error
+	}{
+		{"at-once", 0, client.ErrHeld},
+		{"served", 100 * time.Millisecond, client.ErrHeld},
+		{"ended", 10 * time.Second, client.ErrWaitEnded},
+	} {
+		_, err := cl.Acquire(ctx, c.key, time.Second, c.wait)
+		if err != c.want || !errors.Is(err, client.ErrHeld) {
+			t.Errorf("Acquire(%s, wait %v) = %v, want %v (and errors.Is ErrHeld)", c.key, c.wait, err, c.want)
+		}
+	}
+	if errors.Is(client.ErrHeld, client.ErrWaitEnded) {
+		t.Error("ErrHeld matches ErrWaitEnded: a T in time would read as a wait the server ended")
 	}
 }
 
