@@ -64,6 +64,7 @@ const (
 	CodeRange                   // "range"
 	CodeTooLong                 // "too-long"
 	CodeCommand                 // "command"
+	CodeUnavailable             // "unavailable" (cluster mode: a shard without quorum)
 )
 
 // String returns the code as written on the wire.
@@ -77,6 +78,8 @@ func (c Code) String() string {
 		return "too-long"
 	case CodeCommand:
 		return "command"
+	case CodeUnavailable:
+		return "unavailable"
 	}
 	return "Code(" + strconv.Itoa(int(c)) + ")"
 }
@@ -93,6 +96,8 @@ func ParseCode(b []byte) (c Code, ok bool) {
 		return CodeTooLong, true
 	case "command":
 		return CodeCommand, true
+	case "unavailable":
+		return CodeUnavailable, true
 	}
 	return 0, false
 }
@@ -108,6 +113,9 @@ func (e *Error) Error() string { return "codec: " + e.Code.String() + ": " + e.T
 // The errors ParseRequest and the Validate functions return. Compare with ==.
 var (
 	ErrTooLong = &Error{CodeTooLong, "no line end within 1024 bytes"}
+
+	// ErrUnavailable is the server's own (cluster mode), never ParseRequest's.
+	ErrUnavailable = &Error{CodeUnavailable, "a shard of this request has no quorum; outcome unknown, try another node"}
 
 	ErrEmptyLine    = &Error{CodeSyntax, "empty line"}
 	ErrCommand      = &Error{CodeCommand, "unknown command"}

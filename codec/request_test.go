@@ -248,11 +248,11 @@ func TestErrorTexts(t *testing.T) {
 			t.Errorf("Error() = %q", e.Error())
 		}
 	}
-	for c, s := range map[Code]string{CodeSyntax: "syntax", CodeRange: "range", CodeTooLong: "too-long", CodeCommand: "command", 0: "Code(0)", 9: "Code(9)"} {
+	for c, s := range map[Code]string{CodeSyntax: "syntax", CodeRange: "range", CodeTooLong: "too-long", CodeCommand: "command", CodeUnavailable: "unavailable", 0: "Code(0)", 9: "Code(9)"} {
 		if c.String() != s {
 			t.Errorf("Code(%d).String() = %q, want %q", c, c.String(), s)
 		}
-		if got, ok := ParseCode([]byte(s)); ok != (c >= CodeSyntax && c <= CodeCommand) || (ok && got != c) {
+		if got, ok := ParseCode([]byte(s)); ok != (c >= CodeSyntax && c <= CodeUnavailable) || (ok && got != c) {
 			t.Errorf("ParseCode(%q) = %v, %v", s, got, ok)
 		}
 	}

@@ -1,0 +1,11 @@
+package netloop
+
+// Fail writes line (an E answer) after every answer already posted and then
+// closes the connection; its unanswered requests are left to the client to
+// treat as failed. Safe from any goroutine. gnet runs Wake and Close tasks in
+// the order they were queued, so the line goes out before the close.
+func (c *Conn) Fail(line []byte) {
+	if c.Post(line, 0) {
+		_ = c.gc.Close()
+	}
+}
