@@ -349,6 +349,26 @@ func (t *Table) withdrawBelow(from Requester) {
 	}
 }
 
+// Waiting appends an OpWaitTimeout for every acquire queued by node, in arrival order
+// (a cluster node ends its own waits so before it shuts down). Key slices point into
+// table memory: valid until the next call on the table.
+func (t *Table) Waiting(node uint32, out []Command) []Command {
+	var ws []*waiter
+	for id, w := range t.conns {
+		if id.node != node {
+			continue
+		}
+		for ; w != nil; w = w.cnext {
+			ws = append(ws, w)
+		}
+	}
+	slices.SortFunc(ws, func(a, b *waiter) int { return cmp.Compare(a.id, b.id) })
+	for _, w := range ws {
+		out = append(out, Command{Op: OpWaitTimeout, From: w.from, Key: w.e.key})
+	}
+	return out
+}
+
 // Tick (single mode) applies everything due at now: hand-over at lease end to the queue head for
 // keys with waiters, and wait timeouts. Timers run in deadline order; at equal deadlines wait
 // timeouts come before lease ends, then lower tokens and earlier arrivals first. A key whose

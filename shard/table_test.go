@@ -361,3 +361,28 @@ func TestKeyIndexAgainstMap(t *testing.T) {
 		t.Fatalf("each saw %d, want %d", seen, len(ref))
 	}
 }
+
+func TestWaitingListsOneNodesWaitersInArrivalOrder(t *testing.T) {
+	tb := New(Config{Replicated: true})
+	acq := func(node uint32, conn uint64, key string, wait uint64) {
+		c := Command{Op: OpAcquire, From: Requester{Node: node, Conn: conn, Seq: 1}, Owner: []byte("o"), Key: []byte(key), LeaseMs: 1000, WaitMs: wait}
+		tb.Apply(0, &c, nil)
+	}
+	acq(1, 1, "a", 0)
+	acq(1, 1, "b", 0)
+	acq(2, 7, "a", 5000)
+	acq(1, 9, "b", 5000)
+	acq(1, 3, "a", 5000)
+	got := tb.Waiting(1, nil)
+	if len(got) != 2 || got[0].From.Conn != 9 || string(got[0].Key) != "b" || got[1].From.Conn != 3 || string(got[1].Key) != "a" {
+		t.Fatalf("Waiting(1) = %+v", got)
+	}
+	for _, c := range got {
+		if c.Op != OpWaitTimeout {
+			t.Fatalf("op %v", c.Op)
+		}
+	}
+	if got := tb.Waiting(3, nil); len(got) != 0 {
+		t.Fatalf("Waiting(3) = %+v", got)
+	}
+}
