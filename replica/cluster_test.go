@@ -1,0 +1,229 @@
+package replica
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ticketd/ticketd/netloop"
+)
+
+// testCluster is three nodes in this process, each with its own network side
+// on loopback: the same code paths as three ticketd processes.
+type testCluster struct {
+	t     *testing.T
+	dirs  []string
+	peers map[uint32]string
+	nodes []*Node
+	srvs  []*netloop.Server
+	addrs []string
+	opt   Options
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func newTestCluster(t *testing.T, shards int) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, peers: map[uint32]string{}, opt: Options{Shards: shards, RTT: 10 * time.Millisecond, ElectionRTT: 20}}
+	for i := 1; i <= 3; i++ {
+		c.peers[uint32(i)] = freePort(t)
+		c.dirs = append(c.dirs, t.TempDir())
+	}
+	c.nodes = make([]*Node, 3)
+	c.srvs = make([]*netloop.Server, 3)
+	c.addrs = make([]string, 3)
+	for i := range 3 {
+		c.start(i)
+	}
+	t.Cleanup(c.stopAll)
+	c.waitReady()
+	return c
+}
+
+func (c *testCluster) start(i int) {
+	t := c.t
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = uint32(i+1), c.peers, c.dirs[i]
+	opt.Logger = zaptest.NewLogger(t).Named(fmt.Sprintf("n%d", i+1))
+	n, err := Start(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := c.addrs[i]
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 200, Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Attach(srv)
+	if err := srv.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[i], c.srvs[i], c.addrs[i] = n, srv, ln.Addr().String()
+}
+
+func (c *testCluster) stop(i int) {
+	if c.nodes[i] == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.srvs[i].StopAccepting()
+	_ = c.nodes[i].Shutdown(ctx)
+	_ = c.srvs[i].Stop(ctx)
+	c.nodes[i], c.srvs[i] = nil, nil
+}
+
+func (c *testCluster) stopAll() {
+	for i := range c.nodes {
+		c.stop(i)
+	}
+}
+
+func (c *testCluster) waitReady() {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ok := true
+		for _, n := range c.nodes {
+			if n != nil && !n.Ready() {
+				ok = false
+			}
+		}
+		if ok {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.t.Fatal("cluster not ready within 30s")
+}
+
+type line struct {
+	t *testing.T
+	c net.Conn
+	r *bufio.Reader
+}
+
+func (c *testCluster) dial(i int) *line {
+	c.t.Helper()
+	conn, err := net.Dial("tcp", c.addrs[i])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	return &line{t: c.t, c: conn, r: bufio.NewReader(conn)}
+}
+
+func (l *line) send(s string) {
+	l.t.Helper()
+	if _, err := l.c.Write([]byte(s + "\n")); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
+func (l *line) expect(want string) {
+	l.t.Helper()
+	_ = l.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := l.r.ReadString('\n')
+	if err != nil {
+		l.t.Fatalf("waiting for %q: %v", want, err)
+	}
+	if got = strings.TrimRight(got, "\n"); got != want {
+		l.t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestClusterHandOverAcrossNodes(t *testing.T) {
+	c := newTestCluster(t, 4)
+	a, b, r := c.dial(0), c.dial(1), c.dial(2)
+	a.send("A holder k 30000 0")
+	a.expect("A 1 holder k")
+	b.send("A other k 30000 0")
+	b.expect("T other k")
+	b.send("A waiter k 30000 10000")
+	r.send("R 1 k")
+	r.expect("R 1 k")
+	b.expect("A 2 waiter k")
+	r.send("R 1 k")
+	r.expect("N 1 k")
+
+	// A wait that passes is ended by a committed WaitTimeout.
+	a.send("A late k 30000 200")
+	start := time.Now()
+	a.expect("T late k")
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("T after %v, before the wait passed", d)
+	}
+	c.checkReplicasAgree()
+}
+
+func TestClusterLeaseEndsByCommittedExpire(t *testing.T) {
+	c := newTestCluster(t, 2)
+	a, b := c.dial(0), c.dial(1)
+	a.send("A h k 100 0")
+	a.expect("A 1 h k")
+	start := time.Now()
+	b.send("A w k 30000 10000")
+	b.expect("A 2 w k")
+	// The lease ends MaxClockSkew (500ms) after its deadline on the leader's clock.
+	if d := time.Since(start); d < 100*time.Millisecond+c.nodes[0].opt.MaxClockSkew-50*time.Millisecond {
+		t.Fatalf("hand-over after %v, before lease + skew", d)
+	}
+	// Until the Expire commits the holder can release with its token: here
+	// it already has, so its token no longer matches.
+	a.send("R 1 k")
+	a.expect("N 1 k")
+	c.checkReplicasAgree()
+}
+
+// checkReplicasAgree waits until every node has applied the same index of
+// each shard and compares the replicas' state digests.
+func (c *testCluster) checkReplicasAgree() {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var sts [][]ShardStatus
+		for _, n := range c.nodes {
+			if n != nil {
+				sts = append(sts, n.Status())
+			}
+		}
+		same := true
+		for s := range sts[0] {
+			for _, o := range sts[1:] {
+				if o[s].Applied != sts[0][s].Applied {
+					same = false
+				} else if o[s].Digest != sts[0][s].Digest {
+					c.t.Fatalf("shard %d: replicas at index %d differ: %s vs %s", s, o[s].Applied, sts[0][s].Digest, o[s].Digest)
+				}
+			}
+		}
+		if same {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("replicas did not reach the same index: %+v", sts)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,190 @@
+package replica
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"github.com/ticketd/ticketd/shard"
+)
+
+// An entry of a shard's raft log is one batch of commands from one node:
+//
+//	version(1 byte) node incarnation batchID stamp count command*
+//
+// Integers are uvarints; stamp (unix nanoseconds of the proposer's clock at its
+// first attempt) is a zig-zag varint. batchID numbers the proposals of one
+// incarnation of one node to one shard from 1 up; 0 marks a batch whose
+// commands are harmless to apply twice (the leader's Expire and WaitTimeout),
+// which is not remembered for deduplication. A command is its Op byte, then:
+//
+//	acquire       conn seq owner key leaseMs waitMs
+//	release       conn seq key token
+//	expire        key token
+//	wait-timeout  node conn seq key
+//	withdraw      conn
+//
+// Byte strings are a uvarint length and the bytes. Requests carry the
+// proposer's node id implicitly: From.Node of an acquire, release or withdraw
+// is the batch's node.
+const entryVersion = 1
+
+type header struct {
+	node  uint32
+	inc   uint64 // incarnation of node
+	batch uint64 // 0: not deduplicated
+	stamp int64
+	count uint64
+}
+
+func appendHeader(b []byte, h header) []byte {
+	b = append(b, entryVersion)
+	b = binary.AppendUvarint(b, uint64(h.node))
+	b = binary.AppendUvarint(b, h.inc)
+	b = binary.AppendUvarint(b, h.batch)
+	b = binary.AppendVarint(b, h.stamp)
+	return binary.AppendUvarint(b, h.count)
+}
+
+func appendBytes(b, s []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// appendCommand encodes c; From.Node of requests is left out (it is the batch's).
+func appendCommand(b []byte, c *shard.Command) []byte {
+	b = append(b, byte(c.Op))
+	switch c.Op {
+	case shard.OpAcquire:
+		b = binary.AppendUvarint(b, c.From.Conn)
+		b = binary.AppendUvarint(b, c.From.Seq)
+		b = appendBytes(b, c.Owner)
+		b = appendBytes(b, c.Key)
+		b = binary.AppendUvarint(b, c.LeaseMs)
+		b = binary.AppendUvarint(b, c.WaitMs)
+	case shard.OpRelease:
+		b = binary.AppendUvarint(b, c.From.Conn)
+		b = binary.AppendUvarint(b, c.From.Seq)
+		b = appendBytes(b, c.Key)
+		b = binary.AppendUvarint(b, c.Token)
+	case shard.OpExpire:
+		b = appendBytes(b, c.Key)
+		b = binary.AppendUvarint(b, c.Token)
+	case shard.OpWaitTimeout:
+		b = binary.AppendUvarint(b, uint64(c.From.Node))
+		b = binary.AppendUvarint(b, c.From.Conn)
+		b = binary.AppendUvarint(b, c.From.Seq)
+		b = appendBytes(b, c.Key)
+	case shard.OpWithdraw:
+		b = binary.AppendUvarint(b, c.From.Conn)
+	default:
+		panic("replica: cannot encode " + c.Op.String())
+	}
+	return b
+}
+
+var errEntry = errors.New("replica: malformed log entry")
+
+// reader decodes an entry; the first error sticks and every later read
+// returns zero values.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = errEntry
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.err = errEntry
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) byte() byte {
+	if r.err != nil || len(r.b) == 0 {
+		r.err = errEntry
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+// bytes returns a slice into the entry, valid while the entry is.
+func (r *reader) bytes() []byte {
+	n := r.uvarint()
+	if r.err != nil || n > uint64(len(r.b)) {
+		r.err = errEntry
+		return nil
+	}
+	s := r.b[:n:n]
+	r.b = r.b[n:]
+	return s
+}
+
+func (r *reader) header() header {
+	if v := r.byte(); v != entryVersion && r.err == nil {
+		r.err = errors.New("replica: log entry of an unknown version (a newer ticketd wrote it?)")
+	}
+	h := header{}
+	n := r.uvarint()
+	if n > 1<<32-1 {
+		r.err = errEntry
+	}
+	h.node = uint32(n)
+	h.inc = r.uvarint()
+	h.batch = r.uvarint()
+	h.stamp = r.varint()
+	h.count = r.uvarint()
+	return h
+}
+
+// command decodes the next command into c; slices point into the entry.
+func (r *reader) command(node uint32, c *shard.Command) {
+	*c = shard.Command{Op: shard.Op(r.byte())}
+	switch c.Op {
+	case shard.OpAcquire:
+		c.From = shard.Requester{Node: node, Conn: r.uvarint(), Seq: r.uvarint()}
+		c.Owner = r.bytes()
+		c.Key = r.bytes()
+		c.LeaseMs = r.uvarint()
+		c.WaitMs = r.uvarint()
+	case shard.OpRelease:
+		c.From = shard.Requester{Node: node, Conn: r.uvarint(), Seq: r.uvarint()}
+		c.Key = r.bytes()
+		c.Token = r.uvarint()
+	case shard.OpExpire:
+		c.Key = r.bytes()
+		c.Token = r.uvarint()
+	case shard.OpWaitTimeout:
+		n := r.uvarint()
+		if n > 1<<32-1 {
+			r.err = errEntry
+		}
+		c.From = shard.Requester{Node: uint32(n), Conn: r.uvarint(), Seq: r.uvarint()}
+		c.Key = r.bytes()
+	case shard.OpWithdraw:
+		c.From = shard.Requester{Node: node, Conn: r.uvarint()}
+	default:
+		if r.err == nil {
+			r.err = errEntry
+		}
+	}
+}

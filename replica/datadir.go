@@ -1,0 +1,149 @@
+package replica
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+)
+
+// dataDir is a cluster node's directory: our lock on it, who this node is
+// (checked at every start: a data dir moved to another node id, peer list or
+// shard count would split the cluster's state), and the incarnation counter
+// that keeps connection ids unique across restarts. Dragonboat's own files
+// live under raft/.
+type dataDir struct {
+	path        string
+	lock        *os.File
+	incarnation uint64
+}
+
+type identity struct {
+	Node        uint32            `json:"node"`
+	Peers       map[uint32]string `json:"peers"`
+	Shards      int               `json:"shards"`
+	Incarnation uint64            `json:"incarnation"`
+}
+
+const identityFile = "cluster.json"
+
+// ErrDataDirInUse is returned when another process holds the data dir.
+var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
+
+func openDataDir(path string, node uint32, peers map[uint32]string, shards int) (*dataDir, error) {
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
+	}
+	for _, f := range []string{"CURRENT", "ticketd.state"} {
+		if _, err := os.Stat(filepath.Join(path, f)); err == nil {
+			return nil, fmt.Errorf("data dir %q holds single-mode state; give cluster mode a data dir of its own", path)
+		}
+	}
+	lock, err := os.OpenFile(filepath.Join(path, "ticketd.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("cannot open data dir %q: %w", path, err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %q (stop the other ticketd or use another --data-dir)", ErrDataDirInUse, path)
+		}
+		return nil, fmt.Errorf("cannot lock data dir %q: %w", path, err)
+	}
+	d := &dataDir{path: path, lock: lock}
+	id := identity{Node: node, Peers: peers, Shards: shards}
+	b, err := os.ReadFile(filepath.Join(path, identityFile))
+	switch {
+	case err == nil:
+		var old identity
+		if err := json.Unmarshal(b, &old); err != nil {
+			d.close()
+			return nil, fmt.Errorf("data dir %q: %s is corrupt: %v", path, identityFile, err)
+		}
+		if msg := old.differs(&id); msg != "" {
+			d.close()
+			return nil, fmt.Errorf("data dir %q belongs to %s; start with the flags it was made with, or give this node an empty data dir (README: replacing a node)", path, msg)
+		}
+		id.Incarnation = old.Incarnation
+	case errors.Is(err, os.ErrNotExist):
+		if _, err := os.Stat(filepath.Join(path, "raft")); err == nil {
+			d.close()
+			return nil, fmt.Errorf("data dir %q has raft state but no %s: it cannot be told apart from another node's; give this node an empty data dir (README: replacing a node)", path, identityFile)
+		}
+	default:
+		d.close()
+		return nil, fmt.Errorf("cannot read data dir %q: %w", path, err)
+	}
+	id.Incarnation++
+	if id.Incarnation >= 1<<(64-connBits) {
+		d.close()
+		return nil, fmt.Errorf("data dir %q: incarnation counter exhausted", path)
+	}
+	if err := writeSynced(filepath.Join(path, identityFile), &id); err != nil {
+		d.close()
+		return nil, fmt.Errorf("cannot write to data dir %q: %w", path, err)
+	}
+	d.incarnation = id.Incarnation
+	return d, nil
+}
+
+func (old *identity) differs(id *identity) string {
+	if old.Node != id.Node {
+		return fmt.Sprintf("node %d (this is --node-id %d)", old.Node, id.Node)
+	}
+	if old.Shards != id.Shards {
+		return fmt.Sprintf("a cluster of %d shards (--shards %d given)", old.Shards, id.Shards)
+	}
+	a, b := make([]uint32, 0, len(old.Peers)), make([]uint32, 0, len(id.Peers))
+	for k := range old.Peers {
+		a = append(a, k)
+	}
+	for k := range id.Peers {
+		b = append(b, k)
+	}
+	slices.Sort(a)
+	slices.Sort(b)
+	if !slices.Equal(a, b) {
+		return fmt.Sprintf("a cluster of nodes %v (--peers names %v)", a, b)
+	}
+	return ""
+}
+
+// writeSynced replaces file with v's JSON so that a crash leaves the old
+// or the new contents, never a torn one.
+func writeSynced(file string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := file + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, file); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(file))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
+}
+
+func (d *dataDir) close() { _ = d.lock.Close() }

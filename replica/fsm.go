@@ -1,0 +1,325 @@
+package replica
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+
+	"github.com/ticketd/ticketd/shard"
+)
+
+// dedupWindow is how long (in replicated time) a batch is remembered after its
+// stamp, and the age past which a batch is refused. A proposer gives up
+// retrying well within it, so a retry that commits after its first copy is
+// always recognised, and one that comes later than this is dropped unapplied.
+const dedupWindow = int64(120e9)
+
+// Incarnations are numbered in the top bits of a Requester's Conn: every
+// connection id a node ever hands out is larger than every id of its earlier
+// runs, which is what OpWithdrawBelow relies on.
+const (
+	connBits = 40
+	connMask = 1<<connBits - 1
+)
+
+func requesterConn(inc, local uint64) uint64 { return inc<<connBits | local&connMask }
+
+type batchID struct {
+	node uint32
+	inc  uint64
+	id   uint64
+}
+
+// sink receives what a replica decides for this node: answers for its
+// connections (Acquired answers whose connection is gone must be released),
+// after each Update. It runs on the shard's apply goroutine and must not block.
+type sink interface {
+	deliver(shardIdx int, answers []shard.Answer)
+}
+
+// fsm is one replica of one shard: a shard.Table in Replicated mode plus
+// the state that makes applying a log deterministic and retries harmless.
+// Every field marked (state) is in snapshots.
+type fsm struct {
+	idx  int // shard index (raft shard id - 1)
+	cfg  shard.Config
+	node uint32
+	out  sink
+
+	mu      sync.Mutex // Update vs the leader's timer, Lookup and stats
+	t       *shard.Table
+	now     int64             // replicated clock: largest stamp applied (state)
+	incs    map[uint32]uint64 // latest incarnation seen per node (state)
+	seen    map[batchID]int64 // deduplicated batches -> stamp (state)
+	applied uint64            // last applied log index (not state: Dragonboat keeps it)
+	refused uint64            // batches refused as stale (not state)
+	ans     []shard.Answer    // scratch
+	cmd     shard.Command     // scratch
+	mine    []shard.Answer    // answers for this node, per Update
+	arena   []byte            // copies of the keys and owners in mine
+}
+
+func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
+	cfg.Replicated = true
+	return &fsm{
+		idx: idx, cfg: cfg, node: node, out: out,
+		t:    shard.New(cfg),
+		incs: make(map[uint32]uint64),
+		seen: make(map[batchID]int64),
+	}
+}
+
+// Update implements sm.IConcurrentStateMachine.
+func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
+	f.mu.Lock()
+	f.mine = f.mine[:0]
+	f.arena = f.arena[:0]
+	var err error
+	for i := range ents {
+		if err = f.applyEntry(ents[i].Cmd); err != nil {
+			err = fmt.Errorf("shard %d, log index %d: %w", f.idx, ents[i].Index, err)
+			break
+		}
+		ents[i].Result = sm.Result{Value: 1}
+		f.applied = ents[i].Index
+	}
+	f.mu.Unlock()
+	if len(f.mine) > 0 && f.out != nil {
+		f.out.deliver(f.idx, f.mine)
+	}
+	return ents, err
+}
+
+// applyEntry applies one batch. Under f.mu.
+func (f *fsm) applyEntry(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	r := reader{b: b}
+	h := r.header()
+	if r.err != nil {
+		return r.err
+	}
+	if h.stamp > f.now {
+		f.now = h.stamp // never back, whatever a node's clock says
+	}
+	switch last := f.incs[h.node]; {
+	case h.inc < last:
+		// A batch of a node's earlier run, committed late: its connections are
+		// gone and their clients saw them close without an answer.
+		f.refused++
+		return nil
+	case h.inc > last:
+		f.incs[h.node] = h.inc
+		f.cmd = shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: h.node, Conn: requesterConn(h.inc, 0)}}
+		f.t.Apply(f.now, &f.cmd, nil)
+	}
+	if h.batch != 0 {
+		id := batchID{h.node, h.inc, h.batch}
+		if _, dup := f.seen[id]; dup {
+			return nil
+		}
+		if h.stamp < f.now-dedupWindow {
+			f.refused++ // too old to tell from a copy already applied and forgotten
+			return nil
+		}
+		f.seen[id] = h.stamp
+		f.forget()
+	}
+	for n := uint64(0); n < h.count; n++ {
+		r.command(h.node, &f.cmd)
+		if r.err != nil {
+			return r.err
+		}
+		f.ans = f.t.Apply(f.now, &f.cmd, f.ans[:0])
+		f.keep(f.ans)
+	}
+	if len(r.b) != 0 {
+		return errEntry
+	}
+	return nil
+}
+
+// forget drops deduplication records older than the window; amortised by
+// running only when the map has doubled since the last pass.
+func (f *fsm) forget() {
+	if len(f.seen) < 1024 || len(f.seen)&(len(f.seen)-1) != 0 {
+		return
+	}
+	for id, st := range f.seen {
+		if st < f.now-dedupWindow {
+			delete(f.seen, id)
+		}
+	}
+}
+
+// keep copies the answers addressed to this node (their slices point into the
+// entry or the table, both of which move on).
+func (f *fsm) keep(ans []shard.Answer) {
+	for _, a := range ans {
+		if a.To.Node != f.node || a.To.Conn == 0 {
+			continue
+		}
+		a.Owner = f.copyBytes(a.Owner)
+		a.Key = f.copyBytes(a.Key)
+		f.mine = append(f.mine, a)
+	}
+}
+
+func (f *fsm) copyBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	// A later append may move the arena; what was copied before stays put in
+	// the old array, which the earlier answers keep alive.
+	s := len(f.arena)
+	f.arena = append(f.arena, b...)
+	return f.arena[s:len(f.arena):len(f.arena)]
+}
+
+// Lookup implements sm.IConcurrentStateMachine; it is not used for reads of
+// lock state (those go through the log) and answers only diagnostic queries.
+func (f *fsm) Lookup(q interface{}) (interface{}, error) {
+	return nil, errors.New("replica: no lookups")
+}
+
+// PrepareSnapshot captures the state under the mutual exclusion Dragonboat
+// gives it against Update; SaveSnapshot then only writes bytes.
+func (f *fsm) PrepareSnapshot() (interface{}, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var buf bytes.Buffer
+	if err := f.writeState(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// SaveSnapshot implements sm.IConcurrentStateMachine.
+func (f *fsm) SaveSnapshot(ctx interface{}, w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
+	_, err := w.Write(ctx.([]byte))
+	return err
+}
+
+// RecoverFromSnapshot implements sm.IConcurrentStateMachine.
+func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.readState(bufio.NewReader(r))
+}
+
+// Close implements sm.IConcurrentStateMachine.
+func (f *fsm) Close() error { return nil }
+
+// Replica snapshot, version 1, uvarints unless said otherwise:
+//
+//	"TKRS" version(1 byte) now(varint)
+//	incarnationCount, per node ascending: node incarnation
+//	batchCount, per batch ascending (node, incarnation, id): node incarnation id stamp(varint)
+//	the table's own snapshot (shard.WriteSnapshot, with its checksum)
+const (
+	replMagic   = "TKRS"
+	replVersion = 1
+)
+
+func (f *fsm) writeState(w io.Writer) error {
+	b := append([]byte(replMagic), replVersion)
+	b = binary.AppendVarint(b, f.now)
+	nodes := make([]uint32, 0, len(f.incs))
+	for n := range f.incs {
+		nodes = append(nodes, n)
+	}
+	slices.Sort(nodes)
+	b = binary.AppendUvarint(b, uint64(len(nodes)))
+	for _, n := range nodes {
+		b = binary.AppendUvarint(b, uint64(n))
+		b = binary.AppendUvarint(b, f.incs[n])
+	}
+	ids := make([]batchID, 0, len(f.seen))
+	for id := range f.seen {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b batchID) int {
+		if c := cmp.Compare(a.node, b.node); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.inc, b.inc); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	b = binary.AppendUvarint(b, uint64(len(ids)))
+	for _, id := range ids {
+		b = binary.AppendUvarint(b, uint64(id.node))
+		b = binary.AppendUvarint(b, id.inc)
+		b = binary.AppendUvarint(b, id.id)
+		b = binary.AppendVarint(b, f.seen[id])
+	}
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	return f.t.WriteSnapshot(w)
+}
+
+var errSnapshot = errors.New("replica: bad snapshot")
+
+func (f *fsm) readState(r *bufio.Reader) error {
+	magic := make([]byte, len(replMagic)+1)
+	if _, err := io.ReadFull(r, magic); err != nil || string(magic[:4]) != replMagic || magic[4] != replVersion {
+		return errSnapshot
+	}
+	var err error
+	uv := func() uint64 {
+		if err != nil {
+			return 0
+		}
+		var v uint64
+		v, err = binary.ReadUvarint(r)
+		return v
+	}
+	now, err := binary.ReadVarint(r)
+	incs := make(map[uint32]uint64)
+	for n := uv(); err == nil && n > 0; n-- {
+		node := uv()
+		incs[uint32(node)] = uv()
+	}
+	seen := make(map[batchID]int64)
+	for n := uv(); err == nil && n > 0; n-- {
+		id := batchID{node: uint32(uv()), inc: uv(), id: uv()}
+		var st int64
+		if err == nil {
+			st, err = binary.ReadVarint(r)
+		}
+		seen[id] = st
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", errSnapshot, err)
+	}
+	t := shard.New(f.cfg)
+	if err := t.ReadSnapshot(r); err != nil {
+		return err
+	}
+	f.t, f.now, f.incs, f.seen = t, now, incs, seen
+	return nil
+}
+
+// digest is a hash of the replica's state, for checking that replicas agree.
+func (f *fsm) digest() (applied uint64, sum [32]byte, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := sha256.New()
+	if err := f.writeState(h); err != nil {
+		return 0, sum, err
+	}
+	copy(sum[:], h.Sum(nil))
+	return f.applied, sum, nil
+}

@@ -1,0 +1,77 @@
+package replica
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/lni/dragonboat/v4/logger"
+	"go.uber.org/zap"
+)
+
+// Dragonboat's loggers are process-wide and set once; they write through the
+// logger of the node started last (one per process outside tests).
+var (
+	logOnce sync.Once
+	logTo   atomic.Pointer[zap.Logger]
+)
+
+func setupLogging(l *zap.Logger) {
+	logTo.Store(l.Named("raft"))
+	logOnce.Do(func() {
+		logger.SetLoggerFactory(func(pkg string) logger.ILogger { return &dbLogger{pkg: pkg} })
+		// Elections, connection failures to a stopped peer and snapshot
+		// chatter are normal in a cluster's life; the node logs leadership
+		// changes itself, with shard, term and node.
+		for pkg, lvl := range map[string]logger.LogLevel{
+			"raft": logger.ERROR, "rsm": logger.WARNING, "transport": logger.ERROR,
+			"grpc": logger.ERROR, "dragonboat": logger.WARNING, "logdb": logger.WARNING,
+			"raftpb": logger.ERROR, "config": logger.WARNING, "settings": logger.WARNING,
+		} {
+			logger.GetLogger(pkg).SetLevel(lvl)
+		}
+	})
+}
+
+type dbLogger struct {
+	pkg   string
+	level atomic.Int32
+}
+
+func (l *dbLogger) SetLevel(lv logger.LogLevel) { l.level.Store(int32(lv)) }
+
+func (l *dbLogger) on(lv logger.LogLevel) bool { return int32(lv) <= l.level.Load() }
+
+func (l *dbLogger) log(lv logger.LogLevel, format string, args []any) {
+	if !l.on(lv) {
+		return
+	}
+	z := logTo.Load()
+	if z == nil {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	f := zap.String("pkg", l.pkg)
+	switch lv {
+	case logger.DEBUG:
+		z.Debug(msg, f)
+	case logger.INFO:
+		z.Info(msg, f)
+	case logger.WARNING:
+		z.Warn(msg, f)
+	default:
+		z.Error(msg, f)
+	}
+}
+
+func (l *dbLogger) Debugf(format string, args ...any)   { l.log(logger.DEBUG, format, args) }
+func (l *dbLogger) Infof(format string, args ...any)    { l.log(logger.INFO, format, args) }
+func (l *dbLogger) Warningf(format string, args ...any) { l.log(logger.WARNING, format, args) }
+func (l *dbLogger) Errorf(format string, args ...any)   { l.log(logger.ERROR, format, args) }
+func (l *dbLogger) Panicf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if z := logTo.Load(); z != nil {
+		z.Error(msg, zap.String("pkg", l.pkg))
+	}
+	panic(msg)
+}

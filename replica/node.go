@@ -1,0 +1,688 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+	"github.com/lni/dragonboat/v4/client"
+	"github.com/lni/dragonboat/v4/config"
+	"github.com/lni/dragonboat/v4/raftio"
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"go.uber.org/zap"
+
+	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/netloop"
+	"github.com/ticketd/ticketd/shard"
+)
+
+// Options configure a Node. Every node of a cluster must be given the same
+// Peers, Shards and limits: they decide what the replicated tables do.
+type Options struct {
+	NodeID  uint32
+	Peers   map[uint32]string // raft address of every node, this one's included
+	DataDir string
+	Shards  int
+
+	MaxKeys          int // cluster-wide, split evenly over the shards; 0: unlimited
+	MaxWaitersPerKey int
+	MaxWaiters       int // cluster-wide, split likewise; 0: unlimited
+
+	RTT                time.Duration // raft tick; default 10ms
+	ElectionRTT        uint64        // ticks; default 30
+	MaxClockSkew       time.Duration // default 500ms
+	UnavailableTimeout time.Duration // default 5s
+	ProposeTimeout     time.Duration // one attempt; default 1s
+
+	// Clock returns wall time in unix nanoseconds; nil: time.Now. Tests
+	// offset it to play a node whose clock is wrong.
+	Clock  func() int64
+	Logger *zap.Logger
+}
+
+func (o *Options) validate() error {
+	if o.NodeID == 0 {
+		return errors.New("replica: node id must be positive")
+	}
+	if _, ok := o.Peers[o.NodeID]; !ok {
+		return fmt.Errorf("replica: node %d is not among the peers", o.NodeID)
+	}
+	if len(o.Peers) < 3 || len(o.Peers)%2 == 0 {
+		return fmt.Errorf("replica: %d peers; a cluster has an odd number of nodes, at least 3", len(o.Peers))
+	}
+	if o.Shards < 1 {
+		return errors.New("replica: Shards must be positive")
+	}
+	if o.RTT <= 0 {
+		o.RTT = 10 * time.Millisecond
+	}
+	if o.ElectionRTT == 0 {
+		o.ElectionRTT = 30
+	}
+	if o.MaxClockSkew < 0 {
+		return errors.New("replica: MaxClockSkew must not be negative")
+	}
+	if o.MaxClockSkew == 0 {
+		o.MaxClockSkew = 500 * time.Millisecond
+	}
+	if o.UnavailableTimeout <= 0 {
+		o.UnavailableTimeout = 5 * time.Second
+	}
+	if o.ProposeTimeout <= 0 {
+		o.ProposeTimeout = time.Second
+	}
+	if time.Duration(dedupWindow) < 4*o.UnavailableTimeout {
+		return fmt.Errorf("replica: unavailable timeout %v is too long (at most %v)", o.UnavailableTimeout, time.Duration(dedupWindow/4))
+	}
+	if o.Clock == nil {
+		o.Clock = func() int64 { return time.Now().UnixNano() }
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+func perShard(total, shards int) int {
+	if total <= 0 {
+		return 0
+	}
+	return max(1, total/shards)
+}
+
+// Node is cluster mode's netloop.Backend: one Dragonboat NodeHost with a
+// replica of every shard.
+type Node struct {
+	opt  Options
+	log  *zap.Logger
+	nh   *dragonboat.NodeHost
+	dir  *dataDir
+	inc  uint64
+	ids  []uint32 // every node id, ascending
+	grps []*group
+	srv  atomic.Pointer[netloop.Server]
+
+	mu      sync.Mutex
+	reach   map[string]bool // raft address -> last connection attempt worked
+	closing atomic.Bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
+
+	stats nodeStats
+}
+
+type nodeStats struct {
+	proposals, retries, failed, expiries atomic.Int64
+	leaderChanges, orphans               atomic.Int64
+}
+
+// group is one shard on this node: its replica and its proposer.
+type group struct {
+	n    *Node
+	idx  int
+	id   uint64 // raft shard id: idx + 1
+	sess *client.Session
+
+	fsm atomic.Pointer[fsm]
+
+	mu    sync.Mutex
+	pend  []byte   // encoded commands waiting for the next proposal
+	pendN uint64   // how many
+	conns []uint64 // local connections with a request in pend
+	next  uint64   // batch id of the next proposal
+	hello bool     // propose even an empty batch: it announces this incarnation
+	kick  chan struct{}
+	slots chan struct{} // proposals in flight
+
+	leader   atomic.Uint64 // leader's node id; 0: none known
+	term     atomic.Uint64
+	timerRun atomic.Bool // a timer proposal is in flight
+}
+
+const maxInflight = 16 // proposals in flight per shard
+
+// Start opens the data dir, starts the NodeHost and every shard's replica,
+// and begins proposing. Requests are taken once Attach has been called.
+func Start(opt Options) (*Node, error) {
+	if err := opt.validate(); err != nil {
+		return nil, err
+	}
+	setupLogging(opt.Logger)
+	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
+		reach: make(map[string]bool),
+		stop:  make(chan struct{}),
+	}
+	for id := range opt.Peers {
+		n.ids = append(n.ids, id)
+	}
+	slices.Sort(n.ids)
+
+	eng := config.GetDefaultEngineConfig()
+	eng.ExecShards = 1 // one fsync per step for all shards: fixed for the life of a deployment
+	ldb := config.GetTinyMemLogDBConfig()
+	ldb.Shards = 1 // likewise; also keeps preallocated WAL space small
+	nhc := config.NodeHostConfig{
+		NodeHostDir:         filepath.Join(opt.DataDir, "raft"),
+		RTTMillisecond:      uint64(opt.RTT / time.Millisecond),
+		RaftAddress:         opt.Peers[opt.NodeID],
+		RaftEventListener:   n,
+		SystemEventListener: n,
+		Expert:              config.ExpertConfig{Engine: eng, LogDB: ldb},
+	}
+	nh, err := dragonboat.NewNodeHost(nhc)
+	if err != nil {
+		dir.close()
+		return nil, fmt.Errorf("cannot start the raft node host in %q: %w", nhc.NodeHostDir, err)
+	}
+	n.nh = nh
+	members := make(map[uint64]dragonboat.Target, len(opt.Peers))
+	for id, addr := range opt.Peers {
+		members[uint64(id)] = addr
+	}
+	tcfg := shard.Config{
+		MaxKeys:          perShard(opt.MaxKeys, opt.Shards),
+		MaxWaitersPerKey: opt.MaxWaitersPerKey,
+		MaxWaiters:       perShard(opt.MaxWaiters, opt.Shards),
+	}
+	n.grps = make([]*group, opt.Shards)
+	for i := range n.grps {
+		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1, hello: true}
+		n.grps[i] = g
+		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
+			f := newFSM(int(shardID-1), opt.NodeID, tcfg, n)
+			g.fsm.Store(f)
+			return f
+		}
+		rc := config.Config{
+			ReplicaID:          uint64(opt.NodeID),
+			ShardID:            g.id,
+			ElectionRTT:        opt.ElectionRTT,
+			HeartbeatRTT:       max(1, opt.ElectionRTT/10),
+			CheckQuorum:        true,
+			PreVote:            true,
+			SnapshotEntries:    20000,
+			CompactionOverhead: 5000,
+		}
+		if err := nh.StartConcurrentReplica(members, false, create, rc); err != nil {
+			nh.Close()
+			dir.close()
+			return nil, fmt.Errorf("cannot start shard %d: %w", i, err)
+		}
+		g.sess = nh.GetNoOPSession(g.id)
+	}
+	n.log.Info("cluster node started",
+		zap.Uint32("node", opt.NodeID), zap.Uint64("incarnation", n.inc),
+		zap.Int("shards", opt.Shards), zap.Int("nodes", len(opt.Peers)))
+	return n, nil
+}
+
+// Attach connects the node to the network side it answers through and starts
+// proposing; its first proposal to each shard withdraws the queued acquires
+// of this node's earlier run.
+func (n *Node) Attach(srv *netloop.Server) {
+	n.srv.Store(srv)
+	for _, g := range n.grps {
+		n.wg.Add(1)
+		go g.proposer()
+		g.kickNow()
+	}
+	n.wg.Add(2)
+	go n.timerLoop()
+	go n.balanceLoop()
+}
+
+// Handle implements netloop.Backend: every request becomes a command in its
+// shard's next proposal; the answers come from the replicated log.
+func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
+	if n.closing.Load() {
+		return out, 0, true
+	}
+	local := c.ID()
+	from := requesterConn(n.inc, local)
+	var cmd shard.Command
+	for i := range reqs {
+		q := &reqs[i]
+		cmd = shard.Command{From: shard.Requester{Node: n.opt.NodeID, Conn: from, Seq: c.NextSeq()}, Key: q.Key}
+		if q.Kind == codec.Acquire {
+			cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
+		} else {
+			cmd.Op, cmd.Token = shard.OpRelease, q.Token
+		}
+		n.grps[n.shardOf(q.Key)].add(&cmd, local)
+	}
+	return out, 0, false
+}
+
+func (n *Node) shardOf(key []byte) int {
+	if len(n.grps) == 1 {
+		return 0
+	}
+	return shard.Index(key, len(n.grps))
+}
+
+// Closed implements netloop.Backend: the connection's queued acquires are
+// withdrawn through the log on every shard.
+func (n *Node) Closed(c *netloop.Conn) {
+	if c.Pending() == 0 || n.closing.Load() {
+		return
+	}
+	cmd := shard.Command{Op: shard.OpWithdraw, From: shard.Requester{Node: n.opt.NodeID, Conn: requesterConn(n.inc, c.ID())}}
+	for _, g := range n.grps {
+		g.add(&cmd, 0)
+	}
+}
+
+// Orphaned implements netloop.Backend: a grant that never reached its client
+// is released through the log.
+func (n *Node) Orphaned(token uint64, key []byte) {
+	n.stats.orphans.Add(1)
+	cmd := shard.Command{Op: shard.OpRelease, From: shard.Requester{Node: n.opt.NodeID}, Key: key, Token: token}
+	n.grps[n.shardOf(key)].add(&cmd, 0)
+}
+
+// deliver implements sink: it writes this node's answers to their
+// connections. Answers for an earlier run of this node are dropped: whether
+// they reached their client before the restart is unknown, so a grant among
+// them stays until its lease ends rather than be released under a holder.
+func (n *Node) deliver(idx int, ans []shard.Answer) {
+	srv := n.srv.Load()
+	var buf [512]byte
+	for i := range ans {
+		a := &ans[i]
+		if a.To.Conn>>connBits != n.inc {
+			continue
+		}
+		var c *netloop.Conn
+		if srv != nil {
+			c = srv.Conn(a.To.Conn & connMask)
+		}
+		if c != nil && c.Post(netloop.AppendAnswer(buf[:0], a), 1) {
+			continue
+		}
+		if a.Result == shard.Acquired {
+			n.Orphaned(a.Token, a.Key)
+		}
+	}
+}
+
+// add queues cmd for the shard's next proposal; local names the connection
+// that waits for its answer (0: none).
+func (g *group) add(cmd *shard.Command, local uint64) {
+	g.mu.Lock()
+	first := g.pendN == 0
+	g.pend = appendCommand(g.pend, cmd)
+	g.pendN++
+	if local != 0 && (len(g.conns) == 0 || g.conns[len(g.conns)-1] != local) {
+		g.conns = append(g.conns, local)
+	}
+	g.mu.Unlock()
+	if first {
+		g.kickNow()
+	}
+}
+
+func (g *group) kickNow() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// proposer turns what add queued into proposals, up to maxInflight at once;
+// everything queued while they are in flight goes into the next one.
+func (g *group) proposer() {
+	defer g.n.wg.Done()
+	for {
+		select {
+		case <-g.n.stop:
+			return
+		case <-g.kick:
+		}
+		for {
+			select {
+			case g.slots <- struct{}{}:
+			case <-g.n.stop:
+				return
+			}
+			g.mu.Lock()
+			if g.pendN == 0 && !g.hello {
+				g.mu.Unlock()
+				<-g.slots
+				break
+			}
+			id := g.next
+			g.next++
+			b := appendHeader(make([]byte, 0, 32+len(g.pend)), header{
+				node: g.n.opt.NodeID, inc: g.n.inc, batch: id, stamp: g.n.now(), count: g.pendN,
+			})
+			b = append(b, g.pend...)
+			conns := g.conns
+			g.pend, g.pendN, g.conns, g.hello = g.pend[:0], 0, nil, false
+			g.mu.Unlock()
+			go func() {
+				defer func() { <-g.slots }()
+				if !g.propose(b, true) {
+					g.n.fail(conns)
+				}
+			}()
+		}
+	}
+}
+
+// propose gets b committed, retrying a proposal that timed out or was
+// dropped (a retry of a batch already applied is recognised by its id) until
+// the unavailable timeout. With give up false it retries until the node stops.
+func (g *group) propose(b []byte, giveUp bool) bool {
+	n := g.n
+	start := time.Now()
+	n.stats.proposals.Add(1)
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			n.stats.retries.Add(1)
+			if giveUp && time.Since(start) > n.opt.UnavailableTimeout {
+				return false
+			}
+		}
+		rs, err := n.nh.Propose(g.sess, b, n.opt.ProposeTimeout)
+		if err != nil {
+			if errors.Is(err, dragonboat.ErrClosed) || n.closing.Load() && errors.Is(err, dragonboat.ErrShardClosed) {
+				return false
+			}
+			// Busy or not ready yet: back off a little.
+			select {
+			case <-n.stop:
+				return false
+			case <-time.After(n.opt.RTT):
+			}
+			continue
+		}
+		r := <-rs.ResultC()
+		rs.Release()
+		switch {
+		case r.Completed():
+			return true
+		case r.Terminated():
+			return false
+		case r.Rejected():
+			n.log.Error("proposal rejected", zap.Int("shard", g.idx))
+			return false
+		}
+		// Timed out (lost at a leader that stepped down) or dropped (no
+		// leader): the batch may or may not be in the log; retry.
+		select {
+		case <-n.stop:
+			return false
+		case <-time.After(n.opt.RTT):
+		}
+	}
+}
+
+// fail answers E unavailable to the connections whose requests could not be
+// committed, and closes them.
+func (n *Node) fail(conns []uint64) {
+	srv := n.srv.Load()
+	if srv == nil {
+		return
+	}
+	line := codec.AppendError(nil, codec.ErrUnavailable)
+	seen := make(map[uint64]bool, len(conns))
+	for _, id := range conns {
+		if id == 0 || seen[id] {
+			continue
+		}
+		seen[id] = true
+		if c := srv.Conn(id); c != nil {
+			n.stats.failed.Add(1)
+			c.Fail(line)
+		}
+	}
+}
+
+func (n *Node) now() int64 { return n.opt.Clock() }
+
+// timerLoop is the leader's clock: for each shard this node leads, it
+// proposes the Expire and WaitTimeout commands that have come due. A lease
+// ends only once this node's clock is MaxClockSkew past its deadline, so no
+// lease ends before its lease_ms have passed on any node whose clock is
+// within MaxClockSkew of the others.
+func (n *Node) timerLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	var expires, waits []shard.Command
+	skew := int64(n.opt.MaxClockSkew)
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		for _, g := range n.grps {
+			f := g.fsm.Load()
+			if f == nil || g.leader.Load() != uint64(n.opt.NodeID) || g.timerRun.Load() {
+				continue
+			}
+			now := n.now()
+			var b []byte
+			count := uint64(0)
+			f.mu.Lock()
+			if next, ok := f.t.NextDeadline(); ok && next <= now {
+				expires = f.t.Due(now-skew, expires[:0])
+				for i := range expires {
+					if expires[i].Op == shard.OpExpire {
+						b = appendCommand(b, &expires[i])
+						count++
+					}
+				}
+				waits = f.t.Due(now, waits[:0])
+				for i := range waits {
+					if waits[i].Op == shard.OpWaitTimeout {
+						b = appendCommand(b, &waits[i])
+						count++
+					}
+				}
+			}
+			f.mu.Unlock()
+			if count == 0 {
+				continue
+			}
+			n.stats.expiries.Add(int64(count))
+			entry := appendHeader(make([]byte, 0, 32+len(b)), header{node: n.opt.NodeID, inc: n.inc, stamp: now, count: count})
+			entry = append(entry, b...)
+			g.timerRun.Store(true)
+			go func() {
+				defer g.timerRun.Store(false)
+				g.propose(entry, true)
+			}()
+		}
+	}
+}
+
+// balanceLoop spreads leadership: shard i prefers node ids[i mod nodes]. A
+// leader that is not the preferred one hands over when the preferred node is
+// reachable, so that a node that comes back takes its share again.
+func (n *Node) balanceLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		for _, g := range n.grps {
+			want := n.ids[g.idx%len(n.ids)]
+			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID {
+				continue
+			}
+			n.mu.Lock()
+			ok := n.reach[n.opt.Peers[want]]
+			n.mu.Unlock()
+			if ok {
+				_ = n.nh.RequestLeaderTransfer(g.id, uint64(want))
+			}
+		}
+	}
+}
+
+// LeaderUpdated implements raftio.IRaftEventListener.
+func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
+	if info.ShardID == 0 || info.ShardID > uint64(len(n.grps)) {
+		return
+	}
+	g := n.grps[info.ShardID-1]
+	prev := g.leader.Swap(info.LeaderID)
+	g.term.Store(info.Term)
+	if prev != info.LeaderID {
+		n.stats.leaderChanges.Add(1)
+		n.log.Info("shard leader changed",
+			zap.Int("shard", g.idx), zap.Uint64("term", info.Term),
+			zap.Uint64("leader", info.LeaderID), zap.Uint32("node", n.opt.NodeID))
+	}
+}
+
+// Ready is true while this node knows a leader for every shard.
+func (n *Node) Ready() bool {
+	for _, g := range n.grps {
+		if g.leader.Load() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// ShardStatus is one shard as this node sees it.
+type ShardStatus struct {
+	Shard   int
+	Leader  uint64
+	Term    uint64
+	Applied uint64
+	Digest  string // hash of the replica's state at Applied
+}
+
+// Status reports every shard; replicas of a shard that have applied the same
+// index have the same digest.
+func (n *Node) Status() []ShardStatus {
+	out := make([]ShardStatus, len(n.grps))
+	for i, g := range n.grps {
+		out[i] = ShardStatus{Shard: i, Leader: g.leader.Load(), Term: g.term.Load()}
+		if f := g.fsm.Load(); f != nil {
+			applied, sum, err := f.digest()
+			if err == nil {
+				out[i].Applied, out[i].Digest = applied, fmt.Sprintf("%x", sum[:8])
+			}
+		}
+	}
+	return out
+}
+
+// Stats sums the replicas' tables as this node has applied them.
+func (n *Node) Stats() shard.Stats {
+	var s shard.Stats
+	for _, g := range n.grps {
+		if f := g.fsm.Load(); f != nil {
+			f.mu.Lock()
+			s.Add(f.t.Stats())
+			f.mu.Unlock()
+		}
+	}
+	return s
+}
+
+// Shutdown ends this node's queued acquires through the log (they are
+// answered T, within ctx), stops proposing, and closes the NodeHost. Locks
+// stay held in the cluster. The caller stops the network side afterwards.
+func (n *Node) Shutdown(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, g := range n.grps {
+		f := g.fsm.Load()
+		if f == nil {
+			continue
+		}
+		f.mu.Lock()
+		cmds := f.t.Waiting(n.opt.NodeID, nil)
+		var b []byte
+		for i := range cmds {
+			if cmds[i].From.Conn>>connBits == n.inc {
+				b = appendCommand(b, &cmds[i])
+			}
+		}
+		count := uint64(len(cmds))
+		f.mu.Unlock()
+		if len(b) == 0 {
+			continue
+		}
+		entry := appendHeader(nil, header{node: n.opt.NodeID, inc: n.inc, stamp: n.now(), count: count})
+		entry = append(entry, b...)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs, err := n.nh.Propose(g.sess, entry, min(n.opt.ProposeTimeout, time.Until(deadlineOf(ctx))))
+			if err == nil {
+				<-rs.ResultC()
+				rs.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	n.closing.Store(true)
+	close(n.stop)
+	n.wg.Wait()
+	n.nh.Close()
+	n.dir.close()
+	return nil
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return time.Now().Add(time.Hour)
+}
+
+// Close stops the node without ending its waits (start-up failures, tests).
+func (n *Node) Close() {
+	if n.closing.Swap(true) {
+		return
+	}
+	close(n.stop)
+	n.wg.Wait()
+	n.nh.Close()
+	n.dir.close()
+}
+
+// System events (raftio.ISystemEventListener): only connection outcomes are
+// used, to tell whether a peer is worth handing leadership to.
+func (n *Node) ConnectionEstablished(info raftio.ConnectionInfo) { n.setReach(info.Address, true) }
+func (n *Node) ConnectionFailed(info raftio.ConnectionInfo)      { n.setReach(info.Address, false) }
+func (n *Node) setReach(addr string, ok bool) {
+	n.mu.Lock()
+	n.reach[addr] = ok
+	n.mu.Unlock()
+}
+func (n *Node) NodeHostShuttingDown()                     {}
+func (n *Node) NodeUnloaded(raftio.NodeInfo)              {}
+func (n *Node) NodeDeleted(raftio.NodeInfo)               {}
+func (n *Node) NodeReady(raftio.NodeInfo)                 {}
+func (n *Node) MembershipChanged(raftio.NodeInfo)         {}
+func (n *Node) SendSnapshotStarted(raftio.SnapshotInfo)   {}
+func (n *Node) SendSnapshotCompleted(raftio.SnapshotInfo) {}
+func (n *Node) SendSnapshotAborted(raftio.SnapshotInfo)   {}
+func (n *Node) SnapshotReceived(raftio.SnapshotInfo)      {}
+func (n *Node) SnapshotRecovered(raftio.SnapshotInfo)     {}
+func (n *Node) SnapshotCreated(raftio.SnapshotInfo)       {}
+func (n *Node) SnapshotCompacted(raftio.SnapshotInfo)     {}
+func (n *Node) LogCompacted(raftio.EntryInfo)             {}
+func (n *Node) LogDBCompacted(raftio.EntryInfo)           {}
