@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -29,6 +31,7 @@ const (
 	exitHeld    = 3
 	exitBusy    = 4
 	exitNotHeld = 5
+	exitEnded   = 6 // the server ended the wait early: shutting down or restarting
 
 	exitCannotExec = 126 // the command exists but could not be started
 	exitNotFound   = 127 // no such command
@@ -41,11 +44,17 @@ const exitCodesHelp = `Exit codes:
   0  ok
   1  error: ticketd unreachable, connection lost, no answer in time
   2  usage: a bad command, flag or argument
-  3  held: the key is held by someone else (after --wait)
+  3  held: the key is held by someone else (after --wait), or ticketd is in
+     its grace period after a crash, when it answers every key as held until
+     the leases granted before the crash could have ended (the message says
+     which ticketctl found)
   4  busy: ticketd is at capacity (keys or waiters); nothing was queued
   5  not held: the token does not hold the key (release)
-  130  interrupted (SIGINT or SIGTERM) while waiting for ticketd (run: 128+N
-       for signal N, the command not started)
+  6  wait ended: ticketd ended the wait before --wait passed, without
+     granting the key: it is shutting down or restarting. Nothing is left
+     queued; try again once it is back
+  128+N  interrupted by signal N (SIGHUP 129, SIGINT 130, SIGQUIT 131,
+       SIGTERM 143) while waiting for ticketd; run: the command not started
   run: once the command has started, its own exit status (128+N if a
   signal N ended it); 126 if it could not be started, 127 if not found.
 `
@@ -228,7 +237,7 @@ func explain(err error, addr, key string) (string, int) {
 		se *client.ServerError
 	)
 	switch {
-	case err == client.ErrHeld:
+	case errors.Is(err, client.ErrHeld):
 		return fmt.Sprintf("%s is held by someone else; use --wait DURATION to queue for it", key), exitHeld
 	case err == client.ErrBusy:
 		return "ticketd is at capacity (its --max-keys, --max-waiters or --max-waiters-per-key limit); nothing was queued, try again later", exitBusy
@@ -297,23 +306,80 @@ refuse writes from a holder whose lease has ended (a lower token).
 		return code
 	}
 	defer cl.Close()
-	ctx, stop := signalContext(*wait + 10*time.Second)
-	defer stop()
-	l, err := acquire(ctx, cl, *owner, key, *lease, *wait)
+	sigc, unnotify := notifyStop()
+	defer unnotify()
+	t0 := time.Now()
+	l, sig, err := acquireInterruptible(cl, sigc, *owner, key, *lease, *wait)
+	if sig != nil {
+		if err == nil {
+			releaseAfter(cl, l, false, stderr)
+		}
+		fmt.Fprintf(stderr, "ticketctl: interrupted (%v) before %s was acquired\n", sig, key)
+		return exitSignal + signum(sig)
+	}
 	if err != nil {
-		return reportAcquire(stderr, err, *c.addr, key, *wait)
+		return reportAcquire(stderr, cl, err, *c.addr, key, *wait, time.Since(t0))
 	}
 	fmt.Fprintln(stdout, l.Token)
 	return exitOK
 }
 
-// reportAcquire is report for an acquire that queued up to wait.
-func reportAcquire(stderr io.Writer, err error, addr, key string, wait time.Duration) int {
-	code := report(stderr, err, addr, key)
-	if err == client.ErrHeld && wait > 0 {
-		fmt.Fprintf(stderr, "ticketctl: (waited %v)\n", wait)
+// reportAcquire is report for an acquire of key that waited up to wait and
+// failed after took. A T is not always a holder: a server that shuts down
+// ends every wait with one, and one in its crash grace answers every key so.
+func reportAcquire(stderr io.Writer, cl *client.Client, err error, addr, key string, wait, took time.Duration) int {
+	switch {
+	case err == client.ErrWaitEnded:
+		fmt.Fprintf(stderr, "ticketctl: ticketd at %s ended the wait for %s after %v of %v without granting it: it is shutting down or restarting. %s was not acquired and nothing is left queued; try again once ticketd is back\n",
+			addr, key, took.Round(10*time.Millisecond), wait, key)
+		return exitEnded
+	case !errors.Is(err, client.ErrHeld):
+		return report(stderr, err, addr, key)
 	}
-	return code
+	waited, hint := "", "; use --wait DURATION to queue for it"
+	if wait > 0 {
+		waited, hint = fmt.Sprintf(" (waited %v)", wait), ""
+	}
+	var msg string
+	switch probeGrace(cl) {
+	case graceYes:
+		msg = fmt.Sprintf("%s was not granted%s: ticketd at %s is in its grace period after a crash, when it answers every key as held until the leases granted before the crash could have ended; whether anyone holds %s is unknown until then. Try again later",
+			key, waited, addr, key)
+	case graceNo:
+		msg = key + " is held by someone else" + waited + hint
+	default:
+		msg = key + " is held by someone else, or ticketd is in its grace period after a crash (it then answers every key as held)" + waited + hint
+	}
+	fmt.Fprintf(stderr, "ticketctl: %s\n", msg)
+	return exitHeld
+}
+
+type grace int
+
+const (
+	graceUnknown grace = iota
+	graceNo
+	graceYes
+)
+
+// probeGrace tells a server in its crash grace from a holder, which T alone
+// cannot: it asks, without waiting, for a key with a random name, which
+// nobody holds, so only a server in grace answers T. A grant is given back at
+// once, and its lease of 1ms ends it should the release be lost.
+func probeGrace(cl *client.Client) grace {
+	var b [8]byte
+	rand.Read(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	l, err := cl.Acquire(ctx, "ticketctl-probe."+hex.EncodeToString(b[:]), time.Millisecond, 0)
+	switch {
+	case err == nil:
+		cl.Release(ctx, l) // R, or N if the lease ended first: the key is gone either way
+		return graceNo
+	case err == client.ErrHeld:
+		return graceYes
+	}
+	return graceUnknown
 }
 
 func acquire(ctx context.Context, cl *client.Client, owner, key string, lease, wait time.Duration) (client.Lock, error) {
@@ -323,11 +389,40 @@ func acquire(ctx context.Context, cl *client.Client, owner, key string, lease, w
 	return cl.Acquire(ctx, key, lease, wait)
 }
 
-// signalContext ends at SIGINT or SIGTERM, or after d.
-func signalContext(d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	sctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	return sctx, func() { stop(); cancel() }
+// stopSignals end a wait for ticketd, and are passed on to run's command.
+// Each would otherwise kill ticketctl on the spot: a queued acquire is then
+// withdrawn only by the server noticing, and run's command goes on with
+// nobody watching its lease or releasing the lock.
+var stopSignals = []os.Signal{syscall.SIGHUP, os.Interrupt, syscall.SIGQUIT, syscall.SIGTERM}
+
+// notifyStop diverts stopSignals to the channel returned, until stop.
+func notifyStop() (sigc <-chan os.Signal, stop func()) {
+	c := make(chan os.Signal, 4)
+	signal.Notify(c, stopSignals...)
+	return c, func() { signal.Stop(c) }
+}
+
+// withSignals is parent, cancelled by the first signal from sigc. stop ends
+// the watch and returns that signal, if one came.
+func withSignals(parent context.Context, sigc <-chan os.Signal) (ctx context.Context, stop func() os.Signal) {
+	ctx, cancel := context.WithCancel(parent)
+	var sig os.Signal
+	done := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case sig = <-sigc:
+			cancel()
+		case <-done:
+		}
+	}()
+	return ctx, func() os.Signal {
+		close(done)
+		<-watched
+		cancel()
+		return sig
+	}
 }
 
 func cmdRelease(args []string, addr string, stdout, stderr io.Writer) int {
@@ -352,9 +447,16 @@ lease ended and the key may have gone to someone else since.
 		return code
 	}
 	defer cl.Close()
-	ctx, stop := signalContext(10 * time.Second)
-	defer stop()
+	sigc, unnotify := notifyStop()
+	defer unnotify()
+	tctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx, stop := withSignals(tctx, sigc)
 	err = cl.Release(ctx, client.Lock{Key: key, Token: token})
+	if sig := stop(); sig != nil && errors.Is(err, context.Canceled) {
+		fmt.Fprintf(stderr, "ticketctl: interrupted (%v) before ticketd answered; %s may or may not have been released\n", sig, key)
+		return exitSignal + signum(sig)
+	}
 	if err == client.ErrNotHeld {
 		fmt.Fprintf(stderr, "ticketctl: token %d does not hold %s: it was released before, or its lease ended\n", token, key)
 		return exitNotHeld

@@ -4,6 +4,7 @@ package main
 // started on loopback, with the test binary itself as the command of run.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -88,6 +89,24 @@ func child(mode string, args []string) int {
 			return 42
 		case <-time.After(30 * time.Second):
 			return 0
+		}
+	case "hupquit": // say ready with the pid, note SIGHUP and go on, exit 43 on SIGQUIT
+		sigc := make(chan os.Signal, 2)
+		signal.Notify(sigc, syscall.SIGHUP, syscall.SIGQUIT)
+		fmt.Printf("ready pid=%d\n", os.Getpid())
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case s := <-sigc:
+				if s == syscall.SIGQUIT {
+					fmt.Println("got SIGQUIT; bye")
+					return 43
+				}
+				fmt.Println("got SIGHUP")
+			case <-timeout:
+				fmt.Println("no SIGQUIT; bye")
+				return 0
+			}
 		}
 	case "stubborn": // ignore SIGTERM, sleep args[0]
 		signal.Ignore(syscall.SIGTERM)
@@ -468,5 +487,209 @@ func TestRunForwardsSignals(t *testing.T) {
 	res = w.wait(t)
 	if res.code != exitSignal+int(syscall.SIGINT) || strings.Contains(res.stdout, "key=") {
 		t.Errorf("SIGINT while waiting: want exit 130 and no command; got %v", res)
+	}
+}
+
+// SIGHUP and SIGQUIT reach the command as SIGTERM does; ticketctl stays,
+// holding the lock, until the command ends, and then releases it.
+func TestRunForwardsHangupAndQuit(t *testing.T) {
+	addr := startServer(t)
+	r := start(t, append([]string{"--addr", addr, "run", "hup", "--lease", "1m", "--"}, childCmd("hupquit")...)...)
+	waitOutput(t, r.stdout, "ready pid=")
+	var pid int
+	fmt.Sscanf(r.stdout.String(), "ready pid=%d", &pid)
+	t.Cleanup(func() {
+		// A ticketctl that died of the signal leaves the command running.
+		select {
+		case <-r.done:
+		default:
+			if pid > 0 && !strings.Contains(r.stdout.String(), "bye") {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	r.cmd.Process.Signal(syscall.SIGHUP)
+	waitOutput(t, r.stdout, "got SIGHUP")
+	if res := runCtl(t, nil, "--addr", addr, "acquire", "hup"); res.code != exitHeld {
+		t.Errorf("after SIGHUP the command runs on: want its key held (exit 3); got %v", res)
+	}
+	select {
+	case <-r.done:
+		t.Fatalf("ticketctl exited at SIGHUP with the command still running: %v", r.wait(t))
+	default:
+	}
+	r.cmd.Process.Signal(syscall.SIGQUIT)
+	res := r.wait(t)
+	if res.code != 43 || !strings.Contains(res.stdout, "got SIGQUIT") {
+		t.Fatalf("SIGQUIT to ticketctl run: want the command's exit 43; got %v", res)
+	}
+	if r := runCtl(t, nil, "--addr", addr, "acquire", "hup"); r.code != 0 {
+		t.Errorf("lock not released after the command ended: %v", r)
+	}
+}
+
+// A stderr whose reader is gone does not kill ticketctl run (SIGPIPE): it
+// still waits for the command and releases the lock.
+func TestRunSurvivesClosedStderr(t *testing.T) {
+	addr := startServer(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr.Close()
+	defer pw.Close()
+	// The lease ends during the command: ticketctl writes its note to the
+	// broken stderr.
+	cmd := exec.Command(ticketctlBin, "--addr", addr, "run", "pipe", "--lease", "300ms", "--", "sleep", "1")
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatal("ticketctl run: no exit within 30s")
+	}
+	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() || ws.ExitStatus() != 0 {
+		t.Errorf("ticketctl run with a closed stderr: want the command's exit 0; got %v", cmd.ProcessState)
+	}
+}
+
+// ticketdProc starts a ticketd on dataDir (t.TempDir() if "") and stops it
+// at cleanup, unless the test stopped or killed it.
+func ticketdProc(t *testing.T, dataDir string, flags ...string) *serverproc.Proc {
+	t.Helper()
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	p, err := serverproc.StartTicketd("", dataDir, 20*time.Second, flags...)
+	if err != nil {
+		t.Fatalf("ticketd: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Errorf("ticketd: %v\n%s", err, p.Log())
+		}
+	})
+	return p
+}
+
+// queued starts a waiter (startWaiter) for key, held by someone, on a server
+// with --max-waiters-per-key 1, and returns once it is queued: a waiting
+// acquire of the test's own then gets B. If that poll took the one place
+// first, the waiter got B: it is started again.
+func queued(t *testing.T, addr, key string, startWaiter func() *running) *running {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	rd := bufio.NewReader(nc)
+	w := startWaiter()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		nc.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(nc, "A poll %s 1000 1\n", key)
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("poll for %s: %v", key, err)
+		}
+		switch strings.Fields(line)[0] {
+		case "B":
+			return w
+		case "T":
+		default:
+			t.Fatalf("poll for %s: %q; want the key held", key, line)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiter for %s not queued within 20s: %s", key, w.stderr)
+		}
+		select {
+		case <-w.done:
+			if res := w.wait(t); res.code != exitBusy {
+				t.Fatalf("waiter for %s: %v", key, res)
+			}
+			w = startWaiter()
+		default:
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A server that shuts down answers every queued acquire T at once: that is
+// the wait ended, not a held key.
+func TestWaitEndedByShutdown(t *testing.T) {
+	p := ticketdProc(t, "", "--max-waiters-per-key", "1")
+	addr := p.Addr
+	for _, key := range []string{"a", "r"} {
+		if r := runCtl(t, nil, "--addr", addr, "acquire", key, "--lease", "1m"); r.code != 0 {
+			t.Fatalf("acquire %s: %v", key, r)
+		}
+	}
+	acq := queued(t, addr, "a", func() *running { return start(t, "--addr", addr, "acquire", "a", "--wait", "50s") })
+	run := queued(t, addr, "r", func() *running {
+		return start(t, append([]string{"--addr", addr, "run", "r", "--wait", "50s", "--"}, childCmd("env", "0")...)...)
+	})
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatalf("ticketd: %v\n%s", err, p.Log())
+	}
+	for _, w := range []*running{acq, run} {
+		res := w.wait(t)
+		if res.code != exitEnded || !strings.Contains(res.stderr, "ended the wait for") ||
+			!strings.Contains(res.stderr, "it is shutting down or restarting") || strings.Contains(res.stderr, "held by") ||
+			res.took > 45*time.Second || res.stdout != "" {
+			t.Errorf("%s: want exit 6 saying the server ended the wait, nothing on stdout; got %v", strings.Join(w.cmd.Args[1:], " "), res)
+		}
+	}
+}
+
+// After a crash every key reads as held until the leases from before it
+// could have ended: ticketctl says that, not "held by someone else".
+func TestCrashGrace(t *testing.T) {
+	dir := t.TempDir()
+	p := ticketdProc(t, dir)
+	if r := runCtl(t, nil, "--addr", p.Addr, "acquire", "before", "--lease", "40s"); r.code != 0 {
+		t.Fatalf("acquire: %v", r)
+	}
+	p.Kill()
+	addr := ticketdProc(t, dir).Addr
+	for _, args := range [][]string{
+		{"acquire", "before"},
+		{"acquire", "never-held"},
+		append([]string{"run", "never-held", "--wait", "100ms", "--"}, childCmd("env", "0")...),
+	} {
+		r := runCtl(t, nil, append([]string{"--addr", addr}, args...)...)
+		if r.code != exitHeld || !strings.Contains(r.stderr, "grace period after a crash") ||
+			strings.Contains(r.stderr, "held by someone else") || r.stdout != "" {
+			t.Errorf("ticketctl %s during the crash grace: want exit 3 naming the grace period; got %v", strings.Join(args, " "), r)
+		}
+	}
+}
+
+// Without a grace period a held key says so; the probe that tells them apart
+// leaves no key behind, and if it cannot tell, the message says both.
+func TestHeldProbe(t *testing.T) {
+	addr := startServer(t, "--max-keys", "2")
+	if r := runCtl(t, nil, "--addr", addr, "acquire", "k1", "--lease", "1m"); r.code != 0 {
+		t.Fatalf("acquire: %v", r)
+	}
+	r := runCtl(t, nil, "--addr", addr, "acquire", "k1")
+	if r.code != exitHeld || !strings.Contains(r.stderr, "k1 is held by someone else; use --wait") || strings.Contains(r.stderr, "grace") {
+		t.Errorf("acquire of a held key: want exit 3, held by someone else; got %v", r)
+	}
+	// The probe's key is gone: k2 has room under --max-keys 2.
+	if r := runCtl(t, nil, "--addr", addr, "acquire", "k2", "--lease", "1m"); r.code != 0 {
+		t.Fatalf("acquire k2 after the probe: %v", r)
+	}
+	// Now the probe gets B (no room for its key): cannot tell.
+	r = runCtl(t, nil, "--addr", addr, "acquire", "k1", "--wait", "100ms")
+	if r.code != exitHeld || !strings.Contains(r.stderr, "k1 is held by someone else, or ticketd is in its grace period after a crash") ||
+		!strings.Contains(r.stderr, "(waited 100ms)") {
+		t.Errorf("acquire of a held key, probe refused: want exit 3 naming both causes; got %v", r)
 	}
 }

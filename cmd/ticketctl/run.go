@@ -32,10 +32,12 @@ it can pass the fencing token along with its writes:
 There is no renewal: pick a --lease longer than the command takes. If the
 lease ends first, ticketctl says so on stderr (someone else may hold the key
 from then on); with --kill-on-expiry it also stops the command: SIGTERM, then
-SIGKILL after --kill-grace. SIGINT and SIGTERM sent to ticketctl are passed
-on to the command (its pid only: a command that starts others should pass
-them on, e.g. with exec in sh -c). If the lock cannot be had, the command
-does not run.
+SIGKILL after --kill-grace. SIGHUP, SIGINT, SIGQUIT and SIGTERM sent to
+ticketctl are passed on to the command (its pid only: a command that starts
+others should pass them on, e.g. with exec in sh -c); ticketctl stays until
+the command ends and then releases the lock. Before the command started they
+end the wait for the lock (exit 128+N). If the lock cannot be had, the
+command does not run.
 `, addr)
 	lease := c.fs.Duration("lease", 30*time.Second, "how long the lock lasts unless released (1ms resolution)")
 	wait := c.fs.Duration("wait", 10*time.Second, "how long to queue for the key if it is held; 0 gives up at once")
@@ -51,11 +53,14 @@ does not run.
 	}
 	key := pos[0]
 
-	// From here on SIGINT and SIGTERM are ours: while waiting for the lock
-	// they cancel the acquire, once the command runs they are passed on.
-	sigc := make(chan os.Signal, 4)
-	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigc)
+	// From here on stopSignals are ours: while waiting for the lock they
+	// cancel the acquire, once the command runs they are passed on.
+	sigc, unnotify := notifyStop()
+	defer unnotify()
+	// A closed stderr (a log pipe gone with the terminal) must not kill
+	// ticketctl while the command runs: with SIGPIPE caught, writes to it
+	// fail instead. The command gets the default disposition back at exec.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
 	cl, code := dial(*c.addr, stderr)
 	if cl == nil {
@@ -63,6 +68,7 @@ does not run.
 	}
 	defer cl.Close()
 
+	t0 := time.Now()
 	l, sig, err := acquireInterruptible(cl, sigc, *owner, key, *lease, *wait)
 	if sig != nil {
 		if err == nil {
@@ -72,7 +78,7 @@ does not run.
 		return exitSignal + signum(sig)
 	}
 	if err != nil {
-		return reportAcquire(stderr, err, *c.addr, key, *wait)
+		return reportAcquire(stderr, cl, err, *c.addr, key, *wait, time.Since(t0))
 	}
 
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -127,23 +133,11 @@ does not run.
 // acquire and is returned; if the grant won the race, the lock is returned
 // too, for the caller to give back.
 func acquireInterruptible(cl *client.Client, sigc <-chan os.Signal, owner, key string, lease, wait time.Duration) (client.Lock, os.Signal, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), wait+10*time.Second)
+	tctx, cancel := context.WithTimeout(context.Background(), wait+10*time.Second)
 	defer cancel()
-	var sig os.Signal
-	stop := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case sig = <-sigc:
-			cancel()
-		case <-stop:
-		}
-	}()
+	ctx, stop := withSignals(tctx, sigc)
 	l, err := acquire(ctx, cl, owner, key, lease, wait)
-	close(stop)
-	<-watched
-	return l, sig, err
+	return l, stop(), err
 }
 
 func releaseAfter(cl *client.Client, l client.Lock, expired bool, stderr io.Writer) {
