@@ -243,18 +243,23 @@ func (c *Conn) over(pending int) bool {
 		c.gc.OutboundBuffered()+pending >= c.s.cfg.MaxOutbound
 }
 
+// pause stops parsing the connection and, where pause_linux.go can, reading
+// its socket. It is applied again on every OnTraffic while over the limits,
+// since gnet turns reading back on after it drains output.
 func (c *Conn) pause() {
-	if pauseRead(c.epfd, c.gc.Fd(), c.gc.OutboundBuffered() > 0) == nil {
-		if !c.paused {
-			c.s.paused.Add(1)
-		}
+	if !c.paused {
 		c.paused = true
+		c.s.paused.Add(1)
 		// Nothing may arrive to wake a connection paused on its own unsent
-		// output once it drains, so it is looked at again on a timer.
+		// output once it drains (least of all one whose socket is not
+		// read), so it is looked at again on a timer.
 		c.s.parked.add(c)
 	}
+	_ = pauseRead(c.epfd, c.gc.Fd(), c.gc.OutboundBuffered() > 0)
 }
 
+// resume turns reading back on; if that fails the connection stays parked
+// and the next wake tries again.
 func (c *Conn) resume() {
 	if resumeRead(c.epfd, c.gc.Fd(), c.gc.OutboundBuffered() > 0) == nil {
 		c.paused = false

@@ -13,7 +13,9 @@
 //     acquires, in cluster mode every request until commit) or unsent output
 //     pass their limits is no longer parsed, and its socket is no longer polled
 //     for reading, so the kernel's receive window pushes back on the client.
-//     gnet v2 has no pause API; see pause_linux.go for how it is done.
+//     gnet v2 has no pause API; see pause_linux.go for how it is done
+//     (Linux with gnet's default poller only; elsewhere parsing stops but
+//     gnet keeps reading).
 //   - Accepting is ours, not gnet's: gnet v2.9.7 stops its whole engine when
 //     accept fails (for example with EMFILE). The accept loop in accept.go
 //     refuses connections beyond MaxConns and rides out descriptor exhaustion,

@@ -153,86 +153,6 @@ func TestOneByteAtATime(t *testing.T) {
 	}
 }
 
-// A client that writes without reading must meet backpressure: the server
-// stops reading it once its unsent answers pass MaxOutbound, so the number of
-// handled requests stops growing, and it goes on once the client reads.
-func TestFloodWithoutReadingIsBounded(t *testing.T) {
-	b := &fakeBackend{}
-	s, addr := startServer(t, Config{Backend: b, MaxOutbound: 64 << 10})
-	c, r := dial(t, addr)
-	frame := []byte("A flooding-owner flooding-key 1000 0\n")
-	batch := bytes.Repeat(frame, 1000)
-	var wrote atomic.Int64
-	stop := make(chan struct{})
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		rest := batch
-		for {
-			select {
-			case <-stop:
-				if len(rest) == len(batch) {
-					return
-				}
-			default:
-			}
-			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
-			n, err := c.Write(rest)
-			wrote.Add(int64(n))
-			if rest = rest[n:]; len(rest) == 0 {
-				rest = batch
-			}
-			if err != nil {
-				if ne, ok := err.(net.Error); ok && ne.Timeout() {
-					continue
-				}
-				return
-			}
-		}
-	}()
-	// Let the flood hit the limits, then check that handling has stalled.
-	deadline := time.Now().Add(5 * time.Second)
-	var last int64 = -1
-	stalled := false
-	for time.Now().Before(deadline) {
-		time.Sleep(300 * time.Millisecond)
-		h := b.handled.Load()
-		if h == last && h > 0 {
-			stalled = true
-			break
-		}
-		last = h
-	}
-	if !stalled {
-		t.Fatalf("server kept handling requests (%d) from a client that reads nothing", b.handled.Load())
-	}
-	if s.Stats().Paused == 0 {
-		t.Fatal("connection was never paused")
-	}
-	// Handled requests are bounded by the output limit plus socket buffers,
-	// far below what the client tried to send.
-	answerBytes := int64(len("A 1 flooding-owner flooding-key\n"))
-	if h := b.handled.Load(); h*answerBytes > 64<<20 {
-		t.Fatalf("handled %d requests (%d answer bytes) while paused", h, h*answerBytes)
-	}
-	// Reading drains everything the server accepted, and it resumes: the
-	// writer can finish its last batch only while answers are read.
-	var read atomic.Int64
-	go func() {
-		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-		for {
-			if _, err := r.ReadSlice('\n'); err != nil {
-				return
-			}
-			read.Add(1)
-		}
-	}()
-	close(stop)
-	<-writerDone
-	want := wrote.Load() / int64(len(frame))
-	waitFor(t, func() bool { return read.Load() == want })
-}
-
 func TestMaxConnsRefusesAndKeepsServing(t *testing.T) {
 	b := &fakeBackend{}
 	s, addr := startServer(t, Config{Backend: b, MaxConns: 3})
@@ -299,19 +219,6 @@ type orphanRecorder struct {
 
 func (o *orphanRecorder) Orphaned(tok uint64, key []byte) {
 	o.got = append(o.got, fmt.Sprintf("%d %s", tok, key))
-}
-
-func TestEpollLayoutGuard(t *testing.T) {
-	s, addr := startServer(t, Config{Backend: &fakeBackend{}})
-	c, r := dial(t, addr)
-	_, _ = c.Write([]byte("A o k 1 0\n"))
-	readLine(t, r)
-	fd := -2
-	// OnOpen stores epfd before it registers the connection.
-	s.reg.each(func(c *Conn) { fd = c.epfd })
-	if fd < 0 {
-		t.Fatalf("could not find gnet's epoll descriptor (got %d): pausing reads is a no-op with this gnet version", fd)
-	}
 }
 
 func waitFor(t *testing.T, cond func() bool) {

@@ -1,3 +1,5 @@
+//go:build linux && !poll_opt
+
 package netloop
 
 import (
@@ -20,7 +22,12 @@ import (
 // reflection from gnet's event loop (conn.loop.poller.fd). loopPollFD returns
 // -1 if gnet's layout changes, and pausing then becomes a no-op: parsing
 // still stops at the limits, only the kernel-level push-back is lost. A test
-// guards the layout.
+// guards the layout and the pause itself.
+//
+// Only gnet's default epoll poller stores the bare descriptor as the event
+// data; under its poll_opt tag the data is a pointer to gnet's attachment,
+// which EPOLL_CTL_MOD would overwrite. Hence this file's build constraint,
+// and pause_other.go everywhere else.
 func loopPollFD(gc gnet.Conn) int {
 	v := reflect.ValueOf(gc)
 	if v.Kind() != reflect.Pointer || v.IsNil() {
@@ -41,11 +48,11 @@ func loopPollFD(gc gnet.Conn) int {
 	return int(fd.Int())
 }
 
-// The event data is the descriptor itself, as gnet's default (level
-// triggered, non-"poll_opt") poller registers it.
+// The event data is the descriptor itself, as gnet's default poller
+// registers it. With no epoll descriptor both calls do nothing.
 func pauseRead(epfd, fd int, writing bool) error {
 	if epfd < 0 {
-		return unix.EINVAL
+		return nil
 	}
 	var ev uint32
 	if writing {
@@ -56,7 +63,7 @@ func pauseRead(epfd, fd int, writing bool) error {
 
 func resumeRead(epfd, fd int, writing bool) error {
 	if epfd < 0 {
-		return unix.EINVAL
+		return nil
 	}
 	ev := uint32(unix.EPOLLIN | unix.EPOLLPRI)
 	if writing {

@@ -1,0 +1,171 @@
+//go:build linux && !poll_opt
+
+package netloop
+
+import (
+	"bytes"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+)
+
+// A paused connection's socket is no longer read: a client that floods
+// without reading finds its writes blocked, what it sent waits in the
+// kernel's receive queue on the server side, and gnet's inbound buffer stays
+// small. Parsing alone stopping (TestFloodWithoutReadingIsBounded) would not
+// show this: gnet would go on reading into memory without end.
+func TestPauseStopsReadingTheSocket(t *testing.T) {
+	s, addr := startServer(t, Config{Backend: &fakeBackend{}, MaxOutbound: 64 << 10})
+	c, _ := dial(t, addr)
+	var sc *Conn
+	waitFor(t, func() bool { s.reg.each(func(x *Conn) { sc = x }); return sc != nil })
+	// OnOpen stores epfd before it registers the connection.
+	if sc.epfd < 0 {
+		t.Fatalf("could not find gnet's epoll descriptor (got %d): pausing reads is a no-op with this gnet version", sc.epfd)
+	}
+
+	batch := bytes.Repeat([]byte("A flooding-owner flooding-key 1000 0\n"), 1000)
+	var wrote, lastWrite atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rest := batch
+		for {
+			_ = c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+			n, err := c.Write(rest)
+			if n > 0 {
+				wrote.Add(int64(n))
+				lastWrite.Store(time.Now().UnixNano())
+			}
+			if rest = rest[n:]; len(rest) == 0 {
+				rest = batch
+			}
+			if err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					continue
+				}
+				return
+			}
+		}
+	}()
+	defer func() { _ = c.Close(); <-done }()
+
+	// The writes must stop moving for a whole second. Without the pause
+	// they never do: the server reads as fast as the client writes.
+	const quiet = time.Second
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		lw := lastWrite.Load()
+		if lw != 0 && time.Since(time.Unix(0, lw)) > quiet {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("client's writes never blocked: %d bytes written, the server keeps reading", wrote.Load())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	inq, err := unix.IoctlGetInt(sc.gc.Fd(), unix.SIOCINQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inq == 0 {
+		t.Fatal("server's receive queue is empty although the client cannot write: the socket is still read")
+	}
+	buffered := make(chan int, 1)
+	if err := sc.gc.Wake(func(gc gnet.Conn, _ error) error { buffered <- gc.InboundBuffered(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	in := <-buffered
+	t.Logf("client wrote %d bytes; server: %d in the kernel's receive queue, %d in gnet's inbound buffer", wrote.Load(), inq, in)
+	if in > 4<<20 {
+		t.Fatalf("gnet buffered %d bytes of a paused connection", in)
+	}
+}
+
+// A client that writes without reading must meet backpressure: the server
+// stops reading it once its unsent answers pass MaxOutbound, so the number of
+// handled requests stops growing, and it goes on once the client reads. It
+// lives here because where the socket is not paused (pause_other.go) gnet
+// reads what the client writes without bound, and the drain at the end would
+// have no bound either.
+func TestFloodWithoutReadingIsBounded(t *testing.T) {
+	b := &fakeBackend{}
+	s, addr := startServer(t, Config{Backend: b, MaxOutbound: 64 << 10})
+	c, r := dial(t, addr)
+	frame := []byte("A flooding-owner flooding-key 1000 0\n")
+	batch := bytes.Repeat(frame, 1000)
+	var wrote atomic.Int64
+	stop := make(chan struct{})
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		rest := batch
+		for {
+			select {
+			case <-stop:
+				if len(rest) == len(batch) {
+					return
+				}
+			default:
+			}
+			_ = c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+			n, err := c.Write(rest)
+			wrote.Add(int64(n))
+			if rest = rest[n:]; len(rest) == 0 {
+				rest = batch
+			}
+			if err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					continue
+				}
+				return
+			}
+		}
+	}()
+	// Let the flood hit the limits, then check that handling has stalled.
+	deadline := time.Now().Add(5 * time.Second)
+	var last int64 = -1
+	stalled := false
+	for time.Now().Before(deadline) {
+		time.Sleep(300 * time.Millisecond)
+		h := b.handled.Load()
+		if h == last && h > 0 {
+			stalled = true
+			break
+		}
+		last = h
+	}
+	if !stalled {
+		t.Fatalf("server kept handling requests (%d) from a client that reads nothing", b.handled.Load())
+	}
+	if s.Stats().Paused == 0 {
+		t.Fatal("connection was never paused")
+	}
+	// Handled requests are bounded by the output limit plus socket buffers,
+	// far below what the client tried to send.
+	answerBytes := int64(len("A 1 flooding-owner flooding-key\n"))
+	if h := b.handled.Load(); h*answerBytes > 64<<20 {
+		t.Fatalf("handled %d requests (%d answer bytes) while paused", h, h*answerBytes)
+	}
+	// Reading drains everything the server accepted, and it resumes: the
+	// writer can finish its last batch only while answers are read.
+	var read atomic.Int64
+	go func() {
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		for {
+			if _, err := r.ReadSlice('\n'); err != nil {
+				return
+			}
+			read.Add(1)
+		}
+	}()
+	close(stop)
+	<-writerDone
+	want := wrote.Load() / int64(len(frame))
+	waitFor(t, func() bool { return read.Load() == want })
+}
