@@ -46,8 +46,9 @@ const exitCodesHelp = `Exit codes:
   2  usage: a bad command, flag or argument
   3  held: the key is held by someone else (after --wait), or ticketd is in
      its grace period after a crash, when it answers every key as held until
-     the leases granted before the crash could have ended (the message says
-     which ticketctl found)
+     the leases granted before the crash could have ended. The message says
+     which: ticketctl asks for a key nobody holds (ticketctl-probe.<random>,
+     1ms lease, given back at once), which only a server in grace refuses
   4  busy: ticketd is at capacity (keys or waiters); nothing was queued
   5  not held: the token does not hold the key (release)
   6  wait ended: ticketd ended the wait before --wait passed, without
