@@ -39,6 +39,7 @@ type Options struct {
 	MaxClockSkew       time.Duration // default 500ms
 	UnavailableTimeout time.Duration // default 5s
 	ProposeTimeout     time.Duration // one attempt; default 1s
+	SnapshotEntries    uint64        // log entries between snapshots; default 20000
 
 	// Clock returns wall time in unix nanoseconds; nil: time.Now. Tests
 	// offset it to play a node whose clock is wrong.
@@ -80,6 +81,9 @@ func (o *Options) validate() error {
 	if time.Duration(dedupWindow) < 4*o.UnavailableTimeout {
 		return fmt.Errorf("replica: unavailable timeout %v is too long (at most %v)", o.UnavailableTimeout, time.Duration(dedupWindow/4))
 	}
+	if o.SnapshotEntries == 0 {
+		o.SnapshotEntries = 20000
+	}
 	if o.Clock == nil {
 		o.Clock = func() int64 { return time.Now().UnixNano() }
 	}
@@ -120,6 +124,7 @@ type Node struct {
 type nodeStats struct {
 	proposals, retries, failed, expiries atomic.Int64
 	leaderChanges, orphans               atomic.Int64
+	snapshotsReceived                    atomic.Int64
 }
 
 // group is one shard on this node: its replica and its proposer.
@@ -211,8 +216,8 @@ func Start(opt Options) (*Node, error) {
 			HeartbeatRTT:       max(1, opt.ElectionRTT/10),
 			CheckQuorum:        true,
 			PreVote:            true,
-			SnapshotEntries:    20000,
-			CompactionOverhead: 5000,
+			SnapshotEntries:    opt.SnapshotEntries,
+			CompactionOverhead: opt.SnapshotEntries / 4,
 		}
 		if err := nh.StartConcurrentReplica(members, false, create, rc); err != nil {
 			nh.Close()
@@ -680,7 +685,7 @@ func (n *Node) MembershipChanged(raftio.NodeInfo)         {}
 func (n *Node) SendSnapshotStarted(raftio.SnapshotInfo)   {}
 func (n *Node) SendSnapshotCompleted(raftio.SnapshotInfo) {}
 func (n *Node) SendSnapshotAborted(raftio.SnapshotInfo)   {}
-func (n *Node) SnapshotReceived(raftio.SnapshotInfo)      {}
+func (n *Node) SnapshotReceived(raftio.SnapshotInfo)      { n.stats.snapshotsReceived.Add(1) }
 func (n *Node) SnapshotRecovered(raftio.SnapshotInfo)     {}
 func (n *Node) SnapshotCreated(raftio.SnapshotInfo)       {}
 func (n *Node) SnapshotCompacted(raftio.SnapshotInfo)     {}

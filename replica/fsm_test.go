@@ -1,0 +1,153 @@
+package replica
+
+import (
+	"bytes"
+	"testing"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+
+	"github.com/ticketd/ticketd/shard"
+)
+
+// recorder is a sink that keeps what a replica decides for its node.
+type recorder struct{ got []string }
+
+func (r *recorder) deliver(_ int, ans []shard.Answer) {
+	for _, a := range ans {
+		r.got = append(r.got, string(a.Result.Letter())+" "+string(a.Owner)+" "+string(a.Key))
+	}
+}
+
+type batch struct {
+	h    header
+	cmds []shard.Command
+}
+
+func (b batch) bytes() []byte {
+	b.h.count = uint64(len(b.cmds))
+	out := appendHeader(nil, b.h)
+	for i := range b.cmds {
+		out = appendCommand(out, &b.cmds[i])
+	}
+	return out
+}
+
+func acquire(conn, seq uint64, owner, key string, lease, wait uint64) shard.Command {
+	return shard.Command{Op: shard.OpAcquire, From: shard.Requester{Conn: conn, Seq: seq}, Owner: []byte(owner), Key: []byte(key), LeaseMs: lease, WaitMs: wait}
+}
+
+func update(t *testing.T, f *fsm, bs ...batch) {
+	t.Helper()
+	ents := make([]sm.Entry, len(bs))
+	for i, b := range bs {
+		ents[i] = sm.Entry{Index: f.applied + uint64(i) + 1, Cmd: b.bytes()}
+	}
+	if _, err := f.Update(ents); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFSMAppliesARetriedBatchOnce(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	c1 := requesterConn(1, 5)
+	b := batch{h: header{node: 1, inc: 1, batch: 7, stamp: 1e9}, cmds: []shard.Command{acquire(c1, 1, "o", "k", 1000, 0)}}
+	update(t, f, b, b)
+	if len(rec.got) != 1 || rec.got[0] != "A o k" {
+		t.Fatalf("answers %q", rec.got)
+	}
+	// A batch older than the window is dropped unapplied, even if never seen.
+	rec.got = nil
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 9, stamp: 2e9 + dedupWindow}})
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 8, stamp: 1e9}, cmds: []shard.Command{acquire(c1, 2, "p", "j", 1000, 0)}})
+	if len(rec.got) != 0 || f.refused != 1 {
+		t.Fatalf("answers %q, refused %d", rec.got, f.refused)
+	}
+}
+
+func TestFSMNewIncarnationWithdrawsTheOldOnesWaiters(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 2, shard.Config{}, rec)
+	holder := batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "h", "k", 60000, 0)}}
+	old := batch{h: header{node: 2, inc: 3, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(3, 4), 1, "w", "k", 1000, 60000)}}
+	update(t, f, holder, old)
+	if st := f.t.Stats(); st.Waiters != 1 {
+		t.Fatalf("waiters %d", st.Waiters)
+	}
+	// Node 2 restarts as incarnation 4: its first batch (even empty) withdraws.
+	update(t, f, batch{h: header{node: 2, inc: 4, batch: 1, stamp: 2e9}})
+	if st := f.t.Stats(); st.Waiters != 0 || st.Withdrawn != 1 {
+		t.Fatalf("after restart: %+v", st)
+	}
+	// A batch of the old incarnation that commits late is refused.
+	late := batch{h: header{node: 2, inc: 3, batch: 2, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(3, 4), 2, "w", "j", 1000, 0)}}
+	update(t, f, late)
+	if st := f.t.Stats(); st.Keys != 1 || f.refused != 1 {
+		t.Fatalf("late batch applied: %+v refused %d", st, f.refused)
+	}
+}
+
+func TestFSMClockNeverGoesBack(t *testing.T) {
+	f := newFSM(0, 1, shard.Config{}, nil)
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 1, stamp: 5e9}})
+	update(t, f, batch{h: header{node: 2, inc: 1, batch: 1, stamp: 3e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "k", 1000, 0)}})
+	if f.now != 5e9 {
+		t.Fatalf("now %d", f.now)
+	}
+	var out []shard.Command
+	if out = f.t.Due(6e9-1, out); len(out) != 0 {
+		t.Fatalf("lease measured from the older stamp: %v", out)
+	}
+	if out = f.t.Due(6e9, out); len(out) != 1 {
+		t.Fatalf("due at 6s: %v", out)
+	}
+}
+
+func TestFSMSnapshotRoundTrip(t *testing.T) {
+	f := newFSM(3, 1, shard.Config{}, nil)
+	update(t, f,
+		batch{h: header{node: 1, inc: 2, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(2, 1), 1, "a", "k", 5000, 0), acquire(requesterConn(2, 1), 2, "b", "k", 5000, 9000)}},
+		batch{h: header{node: 3, inc: 1, batch: 4, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 9), 1, "c", "j", 5000, 0)}},
+	)
+	ctx, err := f.PrepareSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := f.SaveSnapshot(ctx, &buf, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	g := newFSM(3, 2, shard.Config{}, nil)
+	if err := g.RecoverFromSnapshot(bytes.NewReader(buf.Bytes()), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	g.applied = f.applied
+	_, a, _ := f.digest()
+	_, b, _ := g.digest()
+	if a != b {
+		t.Fatal("restored replica differs")
+	}
+	// The restored replica still deduplicates and knows the incarnations.
+	update(t, g, batch{h: header{node: 3, inc: 1, batch: 4, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 9), 2, "d", "x", 5000, 0)}})
+	if g.t.Stats().Keys != 2 {
+		t.Fatal("a batch applied before the snapshot was applied again")
+	}
+	var bad bytes.Buffer
+	bad.Write(buf.Bytes()[:buf.Len()-3])
+	if err := newFSM(3, 2, shard.Config{}, nil).RecoverFromSnapshot(&bad, nil, nil); err == nil {
+		t.Fatal("a truncated snapshot was accepted")
+	}
+}
+
+func TestFSMRejectsAMalformedEntry(t *testing.T) {
+	f := newFSM(0, 1, shard.Config{}, nil)
+	b := batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1}, cmds: []shard.Command{acquire(1, 1, "o", "k", 1, 0)}}.bytes()
+	for _, cut := range []int{1, 3, len(b) - 1} {
+		if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: b[:cut]}}); err == nil {
+			t.Fatalf("entry cut at %d applied", cut)
+		}
+	}
+	if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: append([]byte{9}, b[1:]...)}}); err == nil {
+		t.Fatal("unknown version applied")
+	}
+}
