@@ -6,6 +6,12 @@
 // Runner satisfies netloop.Backend. Requests are applied on the event loop
 // that read them; answers for other connections (a hand-over on release, a
 // grant or timeout from the timer) are posted to their connection's mailbox.
+//
+// The durability rule: a grant's answer leaves the process (written for the
+// caller, or posted to another connection's mailbox) only once a durable
+// token ceiling at or above its token and a durable lease ceiling at or
+// above its deadline are on disk. Background loops keep both ceilings ahead
+// of steady traffic; a grant that passes one writes it synchronously first.
 package single
 
 import (
@@ -35,11 +41,21 @@ type Options struct {
 	SweepInterval    time.Duration
 	Logger           *zap.Logger
 	SweepObserver    netloop.Observer // optional: seconds per sweep
+
+	// MaxLease is the longest lease this or any earlier run on the data dir
+	// granted; only RecoverDamaged uses it.
+	MaxLease time.Duration
+	// RecoverDamaged starts on a data dir whose state cannot be read back
+	// whole instead of refusing it: the damaged files are set aside, no key
+	// is granted before MaxLease (plus leaseStep) has passed, and tokens
+	// restart above the current time in unix nanoseconds (and above any
+	// ceiling still readable). See RecoveryFloor.
+	RecoverDamaged bool
 }
 
 const (
 	// tokenBlock tokens are reserved per synced write; after a crash the
-	// counter restarts above the reservation, so tokens skip at most this.
+	// counters restart above the reservation, so tokens skip at most this.
 	tokenBlock = 1 << 20
 	// leaseStep is how far past the latest granted deadline the durable
 	// lease ceiling is pushed per synced write: one write per leaseStep of
@@ -63,142 +79,206 @@ type orphan struct {
 	key   []byte
 }
 
+// env is what a Runner takes from its surroundings; tests replace parts.
+type env struct {
+	clock      clock
+	wrapStore  func(durable) durable
+	tokenBlock uint64
+	// deliver posts b, the encoding of a, to a's connection; false if that
+	// connection is gone. nil: through the netloop server.
+	deliver func(a *shard.Answer, b []byte) bool
+	// granting sees every grant right before its answer leaves the process.
+	granting func(a *shard.Answer)
+	// scanned runs in the timer loop between reading the shards' next
+	// deadlines and publishing the earliest.
+	scanned func(earliest int64)
+}
+
 // Runner is single mode's Backend.
 type Runner struct {
 	opt   Options
+	env   env
 	log   *zap.Logger
 	parts []*part
-	store *store
+	store durable
 	clock clock
 	srv   *netloop.Server
 
-	leaseMu   sync.Mutex
+	// The durable state; st is what is on disk, under stMu. The atomics
+	// mirror its ceilings for the hot path.
+	stMu      sync.Mutex
+	st        state
 	leaseCeil atomic.Int64
+	tokenCeil atomic.Uint64
+	// SyncReserves counts ceilings written on the request path because the
+	// background had not kept ahead (a lease longer than any before, a
+	// burst of grants).
+	syncReserves atomic.Int64
+
+	failOnce sync.Once
+	failErr  error
+	failed   chan struct{}
+	isFailed atomic.Bool
 
 	closing  atomic.Bool
+	quiesce  sync.Once
 	wake     chan struct{}
 	nextWake atomic.Int64
 	stop     chan struct{}
+	stopOnce sync.Once
 	wg       sync.WaitGroup
 
 	// Restart facts, for the log.
-	Restored   int    // keys loaded from a clean-shutdown snapshot
-	Crashed    bool   // the last run did not shut down cleanly
-	GraceUntil int64  // crash grace end, unix ns; 0 if none
-	TokenFloor uint64 // tokens start above this
+	Restored   int      // keys loaded from a clean-shutdown snapshot
+	Crashed    bool     // the last run did not shut down cleanly
+	Recovered  []string // recovery: what was damaged; nil otherwise
+	SetAside   []string // recovery: where the damaged files went
+	GraceUntil int64    // crash grace end, unix ns; 0 if none
+	TokenFloor uint64   // tokens start above this
 }
 
 // Open opens the data dir and loads what the last run left.
 func Open(opt Options) (*Runner, error) {
+	return open(opt, env{})
+}
+
+func open(opt Options, e env) (*Runner, error) {
 	if opt.Shards <= 0 {
 		return nil, errors.New("single: Shards must be positive")
 	}
 	if opt.Logger == nil {
 		opt.Logger = zap.NewNop()
 	}
-	st, err := openStore(opt.DataDir)
+	if e.clock == nil {
+		e.clock = newWallClock()
+	}
+	if e.tokenBlock == 0 {
+		e.tokenBlock = tokenBlock
+	}
+	now := e.clock.now()
+	st, ld, err := openStore(opt.DataDir, opt.RecoverDamaged, now)
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{
-		opt:   opt,
-		log:   opt.Logger,
-		store: st,
-		clock: newClock(),
-		wake:  make(chan struct{}, 1),
-		stop:  make(chan struct{}),
+	var d durable = st
+	if e.wrapStore != nil {
+		d = e.wrapStore(st)
 	}
-	if err := r.load(); err != nil {
-		_ = st.close()
+	r := &Runner{
+		opt:    opt,
+		env:    e,
+		log:    opt.Logger,
+		store:  d,
+		clock:  e.clock,
+		failed: make(chan struct{}),
+		wake:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+	}
+	if err := r.load(ld, now); err != nil {
+		_ = d.close()
 		return nil, err
 	}
 	return r, nil
 }
 
-func (r *Runner) newTable(i int, keys, waiters *shard.Budget) *shard.Table {
+func (r *Runner) newTable(keys, waiters *shard.Budget) *shard.Table {
 	return shard.New(shard.Config{
 		MaxWaitersPerKey: r.opt.MaxWaitersPerKey,
 		Keys:             keys,
 		Waiters:          waiters,
-		ReserveTokens: func(next uint64) uint64 {
-			ceil := next + tokenBlock
-			if err := r.store.setUint(tokenKey(i), ceil); err != nil {
-				// Granting past a ceiling that is not on disk could repeat
-				// tokens after a crash; there is no safe way on.
-				r.log.Fatal("cannot persist token reservation", zap.Error(err))
-			}
-			return ceil
-		},
+		ReserveTokens:    r.reserveTokens,
 	})
 }
 
-func (r *Runner) load() error {
+// reserveTokens is the tables' hook, called under a shard lock when the
+// next token passes the table's ceiling. Normally the background loop has
+// reserved ahead and this only reads the durable ceiling.
+func (r *Runner) reserveTokens(next uint64) uint64 {
+	if c := r.tokenCeil.Load(); c >= next {
+		return c
+	}
+	r.syncReserves.Add(1)
+	if err := r.raise(func(s *state) { s.TokenCeil = max(s.TokenCeil, satAddU(next, r.env.tokenBlock-1)) }); err != nil {
+		// The grant is applied but must not be answered: dispatch holds
+		// back every grant once the runner has failed. The table needs a
+		// ceiling of at least next; nothing above the durable one leaves.
+		r.fail("cannot persist token reservation", err)
+		return next
+	}
+	return r.tokenCeil.Load()
+}
+
+// RecoveryFloor is where tokens restart when a damaged data dir is
+// recovered without a readable ceiling: the wall clock in unix
+// nanoseconds. No earlier run can have reached it: tokens start at 1 when a
+// dir is first used (after 2020, at more than 1.5e18 ns) and grow by one per
+// grant per shard, far below one per nanosecond, plus at most tokenBlock per
+// crash restart, and an earlier recovery restarted them at its own time,
+// which lies behind this one as long as the wall clock has not been set
+// back (the same assumption the lease deadlines make across restarts).
+func RecoveryFloor(now int64) uint64 { return uint64(max(now, 0)) }
+
+func (r *Runner) load(ld loaded, now int64) error {
 	n := r.opt.Shards
 	keys, waiters := shard.NewBudget(r.opt.MaxKeys), shard.NewBudget(r.opt.MaxWaiters)
 	r.parts = make([]*part, n)
 	for i := range r.parts {
-		r.parts[i] = &part{t: r.newTable(i, keys, waiters)}
+		r.parts[i] = &part{t: r.newTable(keys, waiters)}
 	}
+	r.st = ld.st
+	r.tokenCeil.Store(ld.st.TokenCeil)
+	r.leaseCeil.Store(ld.st.LeaseCeil)
+	st := ld.st // what to write before serving
 
-	// Tokens restart above every reservation ever made, on any shard, so
-	// they only grow even if --shards changed.
-	var floor uint64
-	for i := 0; ; i++ {
-		v, ok, err := r.store.getUint(tokenKey(i))
-		if err != nil {
-			return err
-		}
-		if !ok {
-			if i >= n {
-				break
-			}
-			continue
-		}
-		floor = max(floor, v)
-	}
-	leaseCeil, _, err := r.store.getUint(keyLease)
-	if err != nil {
-		return err
-	}
-	r.leaseCeil.Store(int64(leaseCeil))
-	prevShards, hadShards, err := r.store.getUint(keyShards)
-	if err != nil {
-		return err
-	}
-
-	snap, err := r.store.snapshot()
-	if err != nil {
-		return err
-	}
 	switch {
-	case snap != nil:
-		if hadShards && int(prevShards) != n {
-			return fmt.Errorf("data dir %q holds a table of %d shards; restart with --shards=%d (or drain it first)", r.opt.DataDir, prevShards, prevShards)
+	case ld.recovered:
+		r.Recovered, r.SetAside = ld.damage, ld.movedTo
+		r.Crashed = true
+		st.TokenCeil = max(st.TokenCeil, RecoveryFloor(now))
+		st.LeaseCeil = max(st.LeaseCeil, satAdd(satAdd(now, int64(r.opt.MaxLease)), leaseStep))
+	case ld.snap != nil:
+		if ld.st.Shards != 0 && int(ld.st.Shards) != n {
+			return fmt.Errorf("data dir %q holds a table of %d shards; restart with --shards=%d (or drain it first)", r.opt.DataDir, ld.st.Shards, ld.st.Shards)
 		}
-		if err := r.restore(snap); err != nil {
-			return fmt.Errorf("data dir %q: corrupt snapshot: %w", r.opt.DataDir, err)
+		if err := r.restore(ld.snap); err != nil {
+			return fmt.Errorf("%w: %q: %s holds a table that does not load: %v", ErrDamaged, r.opt.DataDir, snapName, err)
 		}
+	case !ld.fresh:
+		r.Crashed = true
+	}
+	if r.Crashed {
+		// Tokens restart above every reservation ever made (the ceiling is
+		// one for all shards, so --shards may change), and no key is granted
+		// while a lease from before could still be live.
+		r.TokenFloor = st.TokenCeil
+		for _, p := range r.parts {
+			p.t.SetLastToken(st.TokenCeil)
+		}
+		if st.LeaseCeil > now {
+			r.GraceUntil = st.LeaseCeil
+			for _, p := range r.parts {
+				p.t.SetGrace(st.LeaseCeil)
+			}
+		}
+	}
+	var last uint64
+	for _, p := range r.parts {
+		p.updateNext()
+		last = max(last, p.t.LastToken())
+	}
+	// The first block is reserved with the start's own write.
+	st.TokenCeil = max(st.TokenCeil, satAddU(last, r.env.tokenBlock))
+	st.Shards = uint32(n)
+	if err := r.raise(func(s *state) { *s = st }); err != nil {
+		return fmt.Errorf("data dir %q: %w", r.opt.DataDir, err)
+	}
+	if ld.snap != nil {
 		// From here on a crash must look like one.
 		if err := r.store.dropSnapshot(); err != nil {
 			return err
 		}
-	case hadShards:
-		r.Crashed = true
-		for _, p := range r.parts {
-			p.t.SetLastToken(floor)
-		}
-		r.TokenFloor = floor
-		if now := r.clock.now(); int64(leaseCeil) > now {
-			r.GraceUntil = int64(leaseCeil)
-			for _, p := range r.parts {
-				p.t.SetGrace(int64(leaseCeil))
-			}
-		}
 	}
-	for _, p := range r.parts {
-		p.updateNext()
-	}
-	return r.store.setUint(keyShards, uint64(n))
+	return nil
 }
 
 // The snapshot blob: uvarint shard count, then per shard a uvarint length
@@ -224,10 +304,73 @@ func (r *Runner) restore(b []byte) error {
 	return nil
 }
 
+// raise applies change to the durable state and writes it, synced. The
+// ceilings it mirrors move only once the write is done, and never back.
+func (r *Runner) raise(change func(*state)) error {
+	r.stMu.Lock()
+	defer r.stMu.Unlock()
+	next := r.st
+	change(&next)
+	next.TokenCeil = max(next.TokenCeil, r.st.TokenCeil)
+	next.LeaseCeil = max(next.LeaseCeil, r.st.LeaseCeil)
+	if next == r.st && next.Seq != 0 {
+		return nil
+	}
+	next.Seq = r.st.Seq + 1
+	if err := r.store.save(next); err != nil {
+		return err
+	}
+	r.st = next
+	r.tokenCeil.Store(next.TokenCeil)
+	r.leaseCeil.Store(next.LeaseCeil)
+	return nil
+}
+
+// raiseLease makes the durable lease ceiling at least ceil.
+func (r *Runner) raiseLease(ceil int64) error {
+	if ceil <= r.leaseCeil.Load() {
+		return nil
+	}
+	return r.raise(func(s *state) { s.LeaseCeil = max(s.LeaseCeil, ceil) })
+}
+
+// fail records that a durable write failed. No grant is answered from now
+// on (its ceiling may not be on disk); the owner of the runner shuts down
+// without a snapshot, and the next start recovers as after a crash.
+func (r *Runner) fail(what string, err error) {
+	r.failOnce.Do(func() {
+		r.failErr = fmt.Errorf("%s: %w", what, err)
+		r.isFailed.Store(true)
+		r.log.Error("cannot write the data dir; no lock is granted any more, shutting down",
+			zap.String("data_dir", r.store.path()), zap.String("what", what), zap.Error(err))
+		close(r.failed)
+	})
+}
+
+// Failed is closed when a durable write failed; Err then says why.
+func (r *Runner) Failed() <-chan struct{} { return r.failed }
+
+// Err is why the runner failed, or nil.
+func (r *Runner) Err() error {
+	select {
+	case <-r.failed:
+		return r.failErr
+	default:
+		return nil
+	}
+}
+
+// SyncReserves is how many ceilings were written on the request path.
+func (r *Runner) SyncReserves() int64 { return r.syncReserves.Load() }
+
 // Attach connects the runner to the network side it answers through and
 // starts the timers.
 func (r *Runner) Attach(srv *netloop.Server) {
 	r.srv = srv
+	r.start()
+}
+
+func (r *Runner) start() {
 	r.wg.Add(3)
 	go r.timerLoop()
 	go r.sweepLoop()
@@ -267,18 +410,34 @@ func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]by
 		out, a = r.dispatch(p, now, self, out)
 		answered += a
 		p.mu.Unlock()
+		if r.isFailed.Load() {
+			return out, answered, true
+		}
 	}
 	return out, answered, false
 }
 
 // dispatch writes p.out: answers for conn self go to out, the others to
 // their connection's mailbox. A grant nobody can receive is released, and
-// what that release decides is dispatched in turn. Runs under p.mu.
+// what that release decides is dispatched in turn. Before any answer goes,
+// the durable lease ceiling is made to cover every deadline granted (the
+// token ceiling already is: the table reserved it before granting). Runs
+// under p.mu.
 func (r *Runner) dispatch(p *part, now int64, self uint64, out []byte) ([]byte, int) {
 	answered := 0
 	for {
+		r.coverLeases(p)
+		held := r.isFailed.Load()
 		for i := range p.out {
 			a := &p.out[i]
+			if a.Result == shard.Acquired {
+				if held {
+					continue // its ceilings may not be durable; the process is going down
+				}
+				if r.env.granting != nil {
+					r.env.granting(a)
+				}
+			}
 			if self != 0 && a.To.Conn == self {
 				out = encode(out, a)
 				answered++
@@ -288,10 +447,8 @@ func (r *Runner) dispatch(p *part, now int64, self uint64, out []byte) ([]byte, 
 				continue // an internal release
 			}
 			p.post = encode(p.post[:0], a)
-			if c := r.srv.Conn(a.To.Conn); c == nil || !c.Post(p.post, 1) {
-				if a.Result == shard.Acquired {
-					p.orphans = append(p.orphans, orphan{a.Token, append([]byte(nil), a.Key...)})
-				}
+			if !r.deliver(a, p.post) && a.Result == shard.Acquired {
+				p.orphans = append(p.orphans, orphan{a.Token, append([]byte(nil), a.Key...)})
 			}
 		}
 		if len(p.orphans) == 0 {
@@ -302,8 +459,34 @@ func (r *Runner) dispatch(p *part, now int64, self uint64, out []byte) ([]byte, 
 		p.cmd = shard.Command{Op: shard.OpRelease, Key: o.key, Token: o.token}
 		p.out = p.t.Apply(now, &p.cmd, p.out[:0])
 	}
-	r.afterApply(p)
+	if p.updateNext() < r.nextWake.Load() {
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
 	return out, answered
+}
+
+func (r *Runner) deliver(a *shard.Answer, b []byte) bool {
+	if r.env.deliver != nil {
+		return r.env.deliver(a, b)
+	}
+	c := r.srv.Conn(a.To.Conn)
+	return c != nil && c.Post(b, 1)
+}
+
+// coverLeases makes the durable lease ceiling cover every deadline p's
+// table granted. ceilingLoop keeps the ceiling ahead of steady traffic; only
+// a lease longer than any before lands here and pays a synced write under
+// the shard lock, before any answer can leave. Under p.mu.
+func (r *Runner) coverLeases(p *part) {
+	if d := p.t.MaxDeadline(); d > r.leaseCeil.Load() {
+		r.syncReserves.Add(1)
+		if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
+			r.fail("cannot persist lease ceiling", err)
+		}
+	}
 }
 
 func encode(dst []byte, a *shard.Answer) []byte {
@@ -321,62 +504,59 @@ func encode(dst []byte, a *shard.Answer) []byte {
 	}
 }
 
-// afterApply makes sure the durable lease ceiling covers every granted
-// deadline and tells the timer about an earlier deadline. Under p.mu.
-func (r *Runner) afterApply(p *part) {
-	if d := p.t.MaxDeadline(); d > r.leaseCeil.Load() {
-		// ceilingLoop keeps the ceiling ahead of steady traffic; only a
-		// lease longer than any before lands here, and pays a synced
-		// write under the shard lock before its answer can be written.
-		r.persistLeaseCeil(d + leaseStep)
-	}
-	if p.updateNext() < r.nextWake.Load() {
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// persistLeaseCeil writes a lease ceiling of at least ceil, synced, so that
-// after a crash no new grant can overlap a lease granted before it.
-func (r *Runner) persistLeaseCeil(ceil int64) {
-	r.leaseMu.Lock()
-	defer r.leaseMu.Unlock()
-	if ceil <= r.leaseCeil.Load() {
-		return
-	}
-	if err := r.store.setUint(keyLease, uint64(ceil)); err != nil {
-		r.log.Fatal("cannot persist lease ceiling", zap.Error(err))
-	}
-	r.leaseCeil.Store(ceil)
-}
-
-// ceilingLoop moves the lease ceiling ahead of the granted deadlines before
-// a grant needs it, so that in steady traffic the synced write happens here
-// and not under a shard lock on an event loop. Checked every leaseStep/8 and
-// raised to the latest deadline + leaseStep once less than leaseStep/2 is
-// left, it stays ahead of deadlines that move with the clock.
+// ceilingLoop keeps both durable ceilings ahead of what the tables grant,
+// so that in steady traffic their synced writes happen here and not under a
+// shard lock on an event loop. Checked every leaseStep/8: the lease ceiling
+// is raised to the latest deadline + leaseStep once less than leaseStep/2 is
+// left, which keeps it ahead of deadlines that move with the clock; the
+// token ceiling is raised a block above the highest token once less than
+// half a block is left.
 func (r *Runner) ceilingLoop() {
 	defer r.wg.Done()
-	t := time.NewTicker(time.Duration(leaseStep / 8))
+	t := r.clock.newTimer(time.Duration(leaseStep / 8))
 	defer t.Stop()
 	for {
 		select {
 		case <-r.stop:
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		var d int64
+		var last uint64
 		for _, p := range r.parts {
 			p.mu.Lock()
 			d = max(d, p.t.MaxDeadline())
+			last = max(last, p.t.LastToken())
 			p.mu.Unlock()
 		}
-		if d > 0 && r.leaseCeil.Load()-d < leaseStep/2 {
-			r.persistLeaseCeil(d + leaseStep)
+		block := r.env.tokenBlock
+		if d > 0 && satAdd(d, leaseStep/2) > r.leaseCeil.Load() {
+			if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
+				r.fail("cannot persist lease ceiling", err)
+			}
 		}
+		if satAddU(last, block/2) > r.tokenCeil.Load() {
+			if err := r.raise(func(s *state) { s.TokenCeil = max(s.TokenCeil, satAddU(last, block)) }); err != nil {
+				r.fail("cannot persist token reservation", err)
+			}
+		}
+		t.Reset(time.Duration(leaseStep / 8))
 	}
+}
+
+// satAdd is a+b for b >= 0, saturating at the largest int64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satAddU(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
 }
 
 func (p *part) updateNext() int64 {
@@ -395,11 +575,15 @@ func (r *Runner) Closed(c *netloop.Conn) {
 	if c.Pending() == 0 {
 		return
 	}
+	r.withdraw(c.ID())
+}
+
+func (r *Runner) withdraw(conn uint64) {
 	now := r.clock.now()
 	for _, p := range r.parts {
 		p.mu.Lock()
 		if p.t.Stats().Waiters > 0 {
-			r.applyInternal(p, now, shard.Command{Op: shard.OpWithdraw, From: shard.Requester{Conn: c.ID()}})
+			r.applyInternal(p, now, shard.Command{Op: shard.OpWithdraw, From: shard.Requester{Conn: conn}})
 		}
 		p.mu.Unlock()
 	}
@@ -413,7 +597,8 @@ func (r *Runner) applyInternal(p *part, now int64, cmd shard.Command) {
 	r.dispatch(p, now, 0, nil)
 }
 
-// Orphaned implements netloop.Backend.
+// Orphaned implements netloop.Backend. It applies during shutdown too, up
+// to the snapshot, so that the snapshot holds no grant nobody received.
 func (r *Runner) Orphaned(token uint64, key []byte) {
 	now := r.clock.now()
 	p := r.part(key)
@@ -422,16 +607,29 @@ func (r *Runner) Orphaned(token uint64, key []byte) {
 	p.mu.Unlock()
 }
 
+// timerLoop runs Tick on every shard whose earliest timer is due and
+// sleeps until the next one. dispatch wakes it when a shard's next
+// deadline comes before nextWake.
 func (r *Runner) timerLoop() {
 	defer r.wg.Done()
-	t := time.NewTimer(time.Hour)
+	t := r.clock.newTimer(time.Hour)
 	defer t.Stop()
 	for {
-		earliest := int64(math.MaxInt64)
-		for _, p := range r.parts {
-			earliest = min(earliest, p.next.Load())
+		earliest := r.earliest()
+		if r.env.scanned != nil {
+			r.env.scanned(earliest)
 		}
-		r.nextWake.Store(earliest)
+		// Publish, then look again: a deadline set after the scan read its
+		// shard, by a dispatch that read nextWake before this store, is seen
+		// here; one set later sees the new nextWake and wakes the loop.
+		for {
+			r.nextWake.Store(earliest)
+			e := r.earliest()
+			if e >= earliest {
+				break
+			}
+			earliest = e
+		}
 		wait := time.Hour
 		if earliest != math.MaxInt64 {
 			wait = time.Duration(max(0, earliest-r.clock.now()))
@@ -441,13 +639,8 @@ func (r *Runner) timerLoop() {
 		case <-r.stop:
 			return
 		case <-r.wake:
-			if !t.Stop() {
-				select {
-				case <-t.C:
-				default:
-				}
-			}
-		case <-t.C:
+			t.Stop()
+		case <-t.C():
 		}
 		now := r.clock.now()
 		for _, p := range r.parts {
@@ -464,15 +657,23 @@ func (r *Runner) timerLoop() {
 	}
 }
 
+func (r *Runner) earliest() int64 {
+	e := int64(math.MaxInt64)
+	for _, p := range r.parts {
+		e = min(e, p.next.Load())
+	}
+	return e
+}
+
 func (r *Runner) sweepLoop() {
 	defer r.wg.Done()
-	t := time.NewTicker(r.opt.SweepInterval)
+	t := r.clock.newTimer(r.opt.SweepInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-r.stop:
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		start := time.Now()
 		removed := 0
@@ -489,21 +690,45 @@ func (r *Runner) sweepLoop() {
 		if removed > 0 {
 			r.log.Debug("sweep", zap.Int("removed", removed), zap.Duration("took", time.Since(start)))
 		}
+		t.Reset(r.opt.SweepInterval)
 	}
 }
 
-// Shutdown stops applying requests, answers every queued acquire with T,
-// writes the table to the data dir and closes it. The caller stops the
-// network side afterwards, which flushes those answers.
+// Quiesce stops applying requests and answers every queued acquire with T
+// (posted to its connection). From here on a request closes its connection
+// unanswered, and timers no longer hand keys over; only Orphaned still
+// applies. The network side is stopped next, which writes those answers and
+// releases grants that could not be delivered; then Shutdown writes the
+// snapshot, so what it holds is final.
+func (r *Runner) Quiesce() {
+	r.quiesce.Do(func() {
+		for _, p := range r.parts {
+			p.mu.Lock()
+		}
+		r.closing.Store(true)
+		now := r.clock.now()
+		for _, p := range r.parts {
+			p.out = p.t.TimeoutWaiters(p.out[:0])
+			r.dispatch(p, now, 0, nil)
+		}
+		r.unlockAll()
+	})
+}
+
+// Shutdown writes the table to the data dir and closes it. It quiesces
+// first if Quiesce was not called; call it after the network side stopped.
+// If ctx ends first, or the write fails (a full disk), it returns an error
+// and the data dir is left as after a crash, which the next start handles
+// safely.
 func (r *Runner) Shutdown(ctx context.Context) error {
+	r.Quiesce()
+	r.stopLoops()
+	if err := r.Err(); err != nil {
+		_ = r.store.close()
+		return fmt.Errorf("not writing a snapshot after a failed write: %w", err)
+	}
 	for _, p := range r.parts {
 		p.mu.Lock()
-	}
-	r.closing.Store(true)
-	now := r.clock.now()
-	for _, p := range r.parts {
-		p.out = p.t.TimeoutWaiters(p.out[:0])
-		r.dispatch(p, now, 0, nil)
 	}
 	blob := binary.AppendUvarint(nil, uint64(len(r.parts)))
 	var buf bytesWriter
@@ -511,19 +736,36 @@ func (r *Runner) Shutdown(ctx context.Context) error {
 		buf = buf[:0]
 		if err := p.t.WriteSnapshot(&buf); err != nil {
 			r.unlockAll()
+			_ = r.store.close()
 			return err
 		}
 		blob = binary.AppendUvarint(blob, uint64(len(buf)))
 		blob = append(blob, buf...)
 	}
-	err := r.store.putSnapshot(blob)
 	r.unlockAll()
-	close(r.stop)
-	r.wg.Wait()
-	if cerr := r.store.close(); err == nil {
-		err = cerr
+
+	// The write runs on its own so that a disk that hangs cannot hold the
+	// process past ctx; the caller exits then, and the next start sees a
+	// crash (a snapshot is renamed into place whole, or not at all).
+	done := make(chan error, 1)
+	go func() { done <- r.store.putSnapshot(blob) }()
+	select {
+	case err := <-done:
+		if cerr := r.store.close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("cannot write the snapshot to data dir %q: %w", r.store.path(), err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the snapshot (%d bytes) was not written to data dir %q in time: %w", len(blob), r.store.path(), ctx.Err())
 	}
-	return err
+}
+
+func (r *Runner) stopLoops() {
+	r.stopOnce.Do(func() { close(r.stop) })
+	r.wg.Wait()
 }
 
 func (r *Runner) unlockAll() {
@@ -544,5 +786,10 @@ func (r *Runner) Stats() shard.Stats {
 	return sum
 }
 
-// Close releases the data dir without a snapshot (start-up failures).
-func (r *Runner) Close() error { return r.store.close() }
+// Close releases the data dir without a snapshot (start-up failures, and a
+// runner that failed): the next start recovers as after a crash.
+func (r *Runner) Close() error {
+	r.closing.Store(true)
+	r.stopLoops()
+	return r.store.close()
+}

@@ -4,114 +4,343 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
-
-	"github.com/cockroachdb/pebble"
 )
 
-// store is single mode's small durable state in --data-dir: token ceilings
-// per shard, the lease ceiling, and on clean shutdown a snapshot of the
-// table. Writes are synced; there are few of them (one per token block, one
-// per lease step, one snapshot).
-type store struct {
-	db   *pebble.DB
-	dir  string
-	lock *os.File
+// The data dir holds two files of ours, and the directory itself is
+// flocked so that one server at a time uses it:
+//
+//   - ticketd.state: the durable facts, one checksummed record of stateSize
+//     bytes, overwritten in place and synced for every change. Overwriting
+//     allocated blocks needs no free space, so a full disk does not stop a
+//     running server from raising its ceilings, and a record within one
+//     sector is written whole or not at all.
+//   - ticketd.snapshot: the table at the last clean shutdown, checksummed,
+//     written beside and renamed into place; removed once loaded.
+//
+// A dir that holds anything but no readable ticketd.state was used before
+// (or is not ours): it is refused, never written into, unless the operator
+// asks for recovery (Options.RecoverDamaged).
+const (
+	stateName = "ticketd.state"
+	snapName  = "ticketd.snapshot"
+	tmpSuffix = ".tmp"
+
+	stateMagic = "TICKETD\x01"
+	snapMagic  = "TKTSNAP\x01"
+	stateSize  = 64
+	snapHeader = 8 + 8 + 4 // magic, length, checksum
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// state is what a crash must not lose. Every grant's token is at most
+// TokenCeil and every granted lease ends by LeaseCeil, and both were
+// durable before the grant's answer left the process.
+type state struct {
+	Seq       uint64 // writes so far
+	Created   int64  // unix ns when the dir was first used
+	TokenCeil uint64 // no token above this was granted, on any shard
+	LeaseCeil int64  // no lease granted ends after this (unix ns)
+	Shards    uint32 // --shards of the run that wrote it (for the snapshot)
 }
 
-var (
-	keyShards   = []byte("meta/shards")
-	keyLease    = []byte("meta/lease-ceiling")
-	keySnapshot = []byte("snapshot")
-)
+func (s *state) encode() []byte {
+	b := make([]byte, stateSize)
+	copy(b, stateMagic)
+	binary.BigEndian.PutUint64(b[8:], s.Seq)
+	binary.BigEndian.PutUint64(b[16:], uint64(s.Created))
+	binary.BigEndian.PutUint64(b[24:], s.TokenCeil)
+	binary.BigEndian.PutUint64(b[32:], uint64(s.LeaseCeil))
+	binary.BigEndian.PutUint32(b[40:], s.Shards)
+	binary.BigEndian.PutUint32(b[stateSize-4:], crc32.Checksum(b[:stateSize-4], castagnoli))
+	return b
+}
 
-func tokenKey(shard int) []byte { return []byte(fmt.Sprintf("token/%06d", shard)) }
+func decodeState(b []byte) (state, error) {
+	switch {
+	case len(b) != stateSize:
+		return state{}, fmt.Errorf("%d bytes, want %d", len(b), stateSize)
+	case string(b[:8]) != stateMagic:
+		return state{}, errors.New("not a ticketd state record")
+	case crc32.Checksum(b[:stateSize-4], castagnoli) != binary.BigEndian.Uint32(b[stateSize-4:]):
+		return state{}, errors.New("checksum mismatch")
+	}
+	return state{
+		Seq:       binary.BigEndian.Uint64(b[8:]),
+		Created:   int64(binary.BigEndian.Uint64(b[16:])),
+		TokenCeil: binary.BigEndian.Uint64(b[24:]),
+		LeaseCeil: int64(binary.BigEndian.Uint64(b[32:])),
+		Shards:    binary.BigEndian.Uint32(b[40:]),
+	}, nil
+}
+
+// durable is what the runner needs from its data dir. Tests wrap it to
+// slow writes down or make them fail.
+type durable interface {
+	// save makes s the durable state; it returns once s is synced.
+	save(s state) error
+	// putSnapshot writes the clean-shutdown table, synced.
+	putSnapshot(b []byte) error
+	// dropSnapshot removes it, synced, so a later crash looks like one.
+	dropSnapshot() error
+	close() error
+	path() string
+}
 
 // ErrDataDirInUse is returned when another process holds the data dir.
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
-func openStore(dir string) (*store, error) {
+// ErrDamaged is returned (wrapped, with what is wrong) for a data dir that
+// was used before but whose state cannot be read back whole.
+var ErrDamaged = errors.New("data dir damaged")
+
+// store is the data dir on a file system.
+type store struct {
+	dir  string
+	lock *os.File // the dir, flocked
+	f    *os.File // ticketd.state, open for in-place writes
+}
+
+// loaded is what openStore found.
+type loaded struct {
+	fresh     bool   // nothing of ours was there: a new data dir
+	st        state  // valid unless fresh or damaged
+	stOK      bool   // st was read back whole
+	snap      []byte // the clean-shutdown table; nil if none
+	damage    []string
+	movedTo   []string // damaged files set aside (recovery)
+	recovered bool
+}
+
+// ignorable entries do not make a dir "used before": a file system's
+// lost+found, and what a first start that crashed before its state file
+// was in place can leave.
+func ignorable(name string) bool {
+	return name == "lost+found" || name == stateName+tmpSuffix
+}
+
+// openStore locks dir and reads what the last run left. It writes nothing
+// into a dir it refuses. With recoverDamaged, damaged files are renamed
+// aside (name.damaged-<unix ns>) and what could be read is returned.
+func openStore(dir string, recoverDamaged bool, now int64) (*store, loaded, error) {
+	var ld loaded
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("cannot create data dir %q: %w", dir, err)
+		return nil, ld, fmt.Errorf("cannot create data dir %q: %w", dir, ioErr(dir, err))
 	}
-	// Our own lock, taken before pebble's: pebble's error path when its lock
-	// is held panics in this version instead of returning the error.
-	lock, err := os.OpenFile(filepath.Join(dir, "ticketd.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := os.Open(dir)
 	if err != nil {
-		return nil, fmt.Errorf("cannot open data dir %q: %w", dir, err)
+		return nil, ld, fmt.Errorf("cannot open data dir %q: %w", dir, err)
+	}
+	if fi, err := lock.Stat(); err != nil || !fi.IsDir() {
+		_ = lock.Close()
+		return nil, ld, fmt.Errorf("data dir %q is not a directory", dir)
 	}
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		_ = lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %q (stop the other ticketd or use another --data-dir)", ErrDataDirInUse, dir)
+			return nil, ld, fmt.Errorf("%w: %q (stop the other ticketd or use another --data-dir)", ErrDataDirInUse, dir)
 		}
-		return nil, fmt.Errorf("cannot lock data dir %q: %w", dir, err)
+		return nil, ld, fmt.Errorf("cannot lock data dir %q: %w", dir, err)
 	}
-	opts := &pebble.Options{
-		MemTableSize:                1 << 20,
-		MemTableStopWritesThreshold: 2,
-		Logger:                      quietLogger{},
+	s := &store{dir: dir, lock: lock}
+	fail := func(err error) (*store, loaded, error) {
+		_ = s.close()
+		return nil, ld, err
 	}
-	db, err := pebble.Open(dir, opts)
+	names, err := lock.Readdirnames(-1)
 	if err != nil {
-		_ = lock.Close()
-		return nil, fmt.Errorf("cannot open data dir %q (corrupt, or not a ticketd data dir?): %w", dir, err)
+		return fail(fmt.Errorf("cannot list data dir %q: %w", dir, err))
 	}
-	return &store{db: db, dir: dir, lock: lock}, nil
+	slices.Sort(names)
+
+	b, err := os.ReadFile(filepath.Join(dir, stateName))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		var other []string
+		for _, n := range names {
+			if !ignorable(n) {
+				other = append(other, n)
+			}
+		}
+		if len(other) == 0 {
+			ld.fresh = true
+		} else {
+			ld.damage = append(ld.damage, fmt.Sprintf("%s is missing, but the dir holds %s", stateName, list(other)))
+		}
+	case err != nil:
+		return fail(fmt.Errorf("cannot read %s in data dir %q: %w", stateName, dir, ioErr(dir, err)))
+	default:
+		if ld.st, err = decodeState(b); err != nil {
+			ld.damage = append(ld.damage, fmt.Sprintf("%s is damaged (%v)", stateName, err))
+		} else {
+			ld.stOK = true
+		}
+	}
+
+	b, err = os.ReadFile(filepath.Join(dir, snapName))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return fail(fmt.Errorf("cannot read %s in data dir %q: %w", snapName, dir, ioErr(dir, err)))
+	default:
+		if ld.snap, err = decodeSnapshot(b); err != nil {
+			ld.damage = append(ld.damage, fmt.Sprintf("%s is damaged (%v)", snapName, err))
+		}
+	}
+
+	if len(ld.damage) > 0 {
+		if !recoverDamaged {
+			return fail(fmt.Errorf("%w: %q: %s", ErrDamaged, dir, strings.Join(ld.damage, "; ")))
+		}
+		ld.recovered = true
+		ld.snap = nil // a clean-shutdown table is trusted only with its state
+		for _, n := range []string{stateName, snapName} {
+			if ld.stOK && n == stateName {
+				continue
+			}
+			from := filepath.Join(dir, n)
+			if _, err := os.Lstat(from); err != nil {
+				continue
+			}
+			to := fmt.Sprintf("%s.damaged-%d", from, now)
+			if err := os.Rename(from, to); err != nil {
+				return fail(fmt.Errorf("cannot set aside %s in data dir %q: %w", n, dir, ioErr(dir, err)))
+			}
+			ld.movedTo = append(ld.movedTo, to)
+		}
+		if err := s.syncDir(); err != nil {
+			return fail(err)
+		}
+	}
+
+	if !ld.stOK {
+		// A new dir, or a recovered one: the state file is written whole
+		// beside and renamed into place, so it never exists half-written.
+		ld.st = state{Created: now}
+		if err := s.create(ld.st); err != nil {
+			return fail(err)
+		}
+	}
+	if s.f, err = os.OpenFile(filepath.Join(dir, stateName), os.O_RDWR, 0); err != nil {
+		return fail(fmt.Errorf("cannot open %s in data dir %q: %w", stateName, dir, ioErr(dir, err)))
+	}
+	return s, ld, nil
 }
 
+func list(names []string) string {
+	const most = 5
+	if len(names) > most {
+		return strings.Join(names[:most], ", ") + fmt.Sprintf(" and %d more", len(names)-most)
+	}
+	return strings.Join(names, ", ")
+}
+
+func (s *store) create(st state) error {
+	if err := s.writeFile(stateName, st.encode()); err != nil {
+		return fmt.Errorf("cannot create %s in data dir %q: %w", stateName, s.dir, err)
+	}
+	return nil
+}
+
+// writeFile writes name whole: beside it, synced, renamed into place, and
+// the dir synced. A failure leaves no partial file behind.
+func (s *store) writeFile(name string, parts ...[]byte) error {
+	tmp := filepath.Join(s.dir, name+tmpSuffix)
+	err := func() error {
+		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		for _, p := range parts {
+			if _, err := f.Write(p); err != nil {
+				_ = f.Close()
+				return err
+			}
+		}
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp, filepath.Join(s.dir, name))
+	}()
+	if err != nil {
+		_ = os.Remove(tmp)
+		return ioErr(s.dir, err)
+	}
+	return s.syncDir()
+}
+
+func (s *store) syncDir() error {
+	if err := s.lock.Sync(); err != nil {
+		return fmt.Errorf("cannot sync data dir %q: %w", s.dir, ioErr(s.dir, err))
+	}
+	return nil
+}
+
+func (s *store) save(st state) error {
+	if _, err := s.f.WriteAt(st.encode(), 0); err != nil {
+		return ioErr(s.dir, err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return ioErr(s.dir, err)
+	}
+	return nil
+}
+
+// The snapshot file: snapMagic, the blob's length and CRC-32C, the blob.
+func (s *store) putSnapshot(b []byte) error {
+	var h [snapHeader]byte
+	copy(h[:], snapMagic)
+	binary.BigEndian.PutUint64(h[8:], uint64(len(b)))
+	binary.BigEndian.PutUint32(h[16:], crc32.Checksum(b, castagnoli))
+	return s.writeFile(snapName, h[:], b)
+}
+
+func decodeSnapshot(b []byte) ([]byte, error) {
+	switch {
+	case len(b) < snapHeader || string(b[:8]) != snapMagic:
+		return nil, errors.New("not a ticketd snapshot")
+	case binary.BigEndian.Uint64(b[8:]) != uint64(len(b)-snapHeader):
+		return nil, fmt.Errorf("%d bytes, the header says %d", len(b)-snapHeader, binary.BigEndian.Uint64(b[8:]))
+	case crc32.Checksum(b[snapHeader:], castagnoli) != binary.BigEndian.Uint32(b[16:]):
+		return nil, errors.New("checksum mismatch")
+	}
+	return b[snapHeader:], nil
+}
+
+func (s *store) dropSnapshot() error {
+	if err := os.Remove(filepath.Join(s.dir, snapName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cannot remove %s in data dir %q: %w", snapName, s.dir, ioErr(s.dir, err))
+	}
+	return s.syncDir()
+}
+
+func (s *store) path() string { return s.dir }
+
 func (s *store) close() error {
-	err := s.db.Close()
-	_ = s.lock.Close()
+	var err error
+	if s.f != nil {
+		err = s.f.Close()
+	}
+	_ = s.lock.Close() // drops the flock
 	return err
 }
 
-func (s *store) getUint(key []byte) (uint64, bool, error) {
-	v, closer, err := s.db.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, false, nil
+// ioErr says "no space left on device in <dir>" for a full disk (or quota),
+// so that an operator is not sent looking for corruption.
+func ioErr(dir string, err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("no space left on device in %s: %w", dir, err)
 	}
-	if err != nil {
-		return 0, false, err
-	}
-	defer closer.Close()
-	if len(v) != 8 {
-		return 0, false, fmt.Errorf("data dir %q: corrupt value under %q", s.dir, key)
-	}
-	return binary.BigEndian.Uint64(v), true, nil
-}
-
-func (s *store) setUint(key []byte, v uint64) error {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], v)
-	return s.db.Set(key, b[:], pebble.Sync)
-}
-
-// snapshot returns the blob written at the last clean shutdown, or nil.
-func (s *store) snapshot() ([]byte, error) {
-	v, closer, err := s.db.Get(keySnapshot)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer closer.Close()
-	return append([]byte(nil), v...), nil
-}
-
-func (s *store) putSnapshot(b []byte) error { return s.db.Set(keySnapshot, b, pebble.Sync) }
-
-// dropSnapshot makes sure that a crash after this start is seen as a
-// crash, not as a clean shutdown with a stale table.
-func (s *store) dropSnapshot() error { return s.db.Delete(keySnapshot, pebble.Sync) }
-
-type quietLogger struct{}
-
-func (quietLogger) Infof(string, ...interface{}) {}
-func (quietLogger) Fatalf(format string, args ...interface{}) {
-	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
-	os.Exit(1)
+	return err
 }

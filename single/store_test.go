@@ -1,6 +1,8 @@
 package single
 
 import (
+	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,29 +10,175 @@ import (
 	"time"
 )
 
-// A damaged data dir stops the start with an error that says so, instead of
-// serving from state that cannot be trusted.
-func TestCorruptDataDir(t *testing.T) {
+// dirContents is every file of dir with its bytes.
+func dirContents(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m[e.Name()] = string(b)
+	}
+	return m
+}
+
+// usedDir is a data dir after a run that granted tokens and then crashed
+// (closed without a snapshot), or shut down cleanly with clean set.
+func usedDir(t *testing.T, clean bool) string {
 	dir := t.TempDir()
 	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	manifests, _ := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
-	if len(manifests) == 0 {
-		t.Fatal("no MANIFEST in the data dir")
-	}
-	for _, m := range manifests {
-		if err := os.WriteFile(m, []byte("not a manifest at all"), 0o644); err != nil {
+	if clean {
+		if err := r.Shutdown(t.Context()); err != nil {
 			t.Fatal(err)
 		}
+	} else if err := r.Close(); err != nil {
+		t.Fatal(err)
 	}
-	_, err = Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
-	if err == nil || !strings.Contains(err.Error(), "corrupt") || !strings.Contains(err.Error(), dir) {
-		t.Fatalf("open of a corrupt data dir: %v; want an error naming the dir and saying corrupt", err)
+	return dir
+}
+
+// A data dir that was used before but whose state cannot be read back
+// whole is refused with an error that names the dir and says what is
+// wrong, and nothing in it is changed, however often it is tried. With
+// RecoverDamaged it starts in crash grace for MaxLease with tokens above
+// the wall clock in ns, and the damaged files are kept aside.
+func TestDamagedDataDir(t *testing.T) {
+	flip := func(name string) func(t *testing.T, dir string) {
+		return func(t *testing.T, dir string) {
+			p := filepath.Join(dir, name)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := len(b) / 10
+			for i := at; i < at+4 && i < len(b); i++ {
+				b[i] ^= 0x5a
+			}
+			if err := os.WriteFile(p, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cases := []struct {
+		name   string
+		clean  bool
+		damage func(t *testing.T, dir string)
+		want   string
+	}{
+		{"state emptied", false, func(t *testing.T, dir string) {
+			if err := os.Truncate(filepath.Join(dir, stateName), 0); err != nil {
+				t.Fatal(err)
+			}
+		}, "ticketd.state is damaged"},
+		{"state flipped", false, flip(stateName), "ticketd.state is damaged"},
+		{"state deleted, snapshot left", true, func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, stateName)); err != nil {
+				t.Fatal(err)
+			}
+		}, "ticketd.state is missing"},
+		{"state deleted, other files left", false, func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, stateName)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("MANIFEST-000001\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "ticketd.state is missing"},
+		{"snapshot flipped", true, flip(snapName), "ticketd.snapshot is damaged"},
+		{"snapshot truncated", true, func(t *testing.T, dir string) {
+			if err := os.Truncate(filepath.Join(dir, snapName), 10); err != nil {
+				t.Fatal(err)
+			}
+		}, "ticketd.snapshot is damaged"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := usedDir(t, tc.clean)
+			tc.damage(t, dir)
+			before := dirContents(t, dir)
+			for range 2 {
+				_, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+				if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("open: %v; want ErrDamaged naming %q and saying %q", err, dir, tc.want)
+				}
+				if after := dirContents(t, dir); !maps.Equal(before, after) {
+					t.Fatalf("a refused data dir was written to:\nbefore %q\nafter  %q", keys(before), keys(after))
+				}
+			}
+
+			start := time.Now()
+			const maxLease = 10 * time.Minute
+			r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second, MaxLease: maxLease, RecoverDamaged: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Crashed || len(r.Recovered) == 0 {
+				t.Errorf("recovered: crashed=%v damage=%q", r.Crashed, r.Recovered)
+			}
+			if r.TokenFloor < uint64(start.UnixNano()) {
+				t.Errorf("tokens restart above %d, below the wall clock %d", r.TokenFloor, start.UnixNano())
+			}
+			if r.GraceUntil < start.Add(maxLease).UnixNano() {
+				t.Errorf("grace until %v, before start + max lease %v", time.Unix(0, r.GraceUntil), start.Add(maxLease))
+			}
+			for _, p := range r.SetAside {
+				if _, err := os.Stat(p); err != nil {
+					t.Errorf("damaged file set aside: %v", err)
+				}
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// The recovery's floor and grace are durable: the next start is
+			// an ordinary crash restart with them.
+			r2, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r2.Close()
+			if r2.TokenFloor < r.TokenFloor || r2.GraceUntil < r.GraceUntil {
+				t.Errorf("after the recovery: floor %d grace %d, want at least %d %d", r2.TokenFloor, r2.GraceUntil, r.TokenFloor, r.GraceUntil)
+			}
+		})
+	}
+}
+
+func keys(m map[string]string) []string {
+	var k []string
+	for n := range m {
+		k = append(k, n)
+	}
+	return k
+}
+
+// A new dir, an empty one and one holding only lost+found are new.
+func TestNewDataDir(t *testing.T) {
+	for _, prep := range []func(dir string) error{
+		func(dir string) error { return os.Remove(dir) },
+		func(dir string) error { return nil },
+		func(dir string) error { return os.Mkdir(filepath.Join(dir, "lost+found"), 0o700) },
+	} {
+		dir := t.TempDir()
+		if err := prep(dir); err != nil {
+			t.Fatal(err)
+		}
+		r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Crashed || r.GraceUntil != 0 {
+			t.Errorf("a new dir starts as after a crash: %+v", r)
+		}
+		r.Close()
 	}
 }
 

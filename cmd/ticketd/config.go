@@ -31,9 +31,17 @@ type config struct {
 	logFormat        string
 	admin            string
 	version          bool
+	shutdownTimeout  time.Duration
+	recoverDamaged   bool
 
 	level zapcore.Level
 }
+
+// maxLeaseLimit bounds --max-lease. A lease is also how long a crash
+// restart may refuse every grant, and a recovery of a damaged data dir
+// refuses them for --max-lease: a month is already more than a lock
+// service should make anyone wait.
+const maxLeaseLimit = 30 * 24 * time.Hour
 
 // descriptorReserve is kept free of client connections for the listener,
 // the data dir's files, the admin listener and the event loops' pollers.
@@ -47,8 +55,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.dataDir, "data-dir", "./ticketd-data", "directory for the durable state (token and lease ceilings, shutdown snapshot)")
 	fs.IntVar(&c.shards, "shards", 16, "number of lock-table shards (keys map to shards by a stable hash)")
 	fs.DurationVar(&c.sweepInterval, "sweep-interval", 5*time.Second, "how often expired keys without waiters are deleted")
-	fs.DurationVar(&c.maxLease, "max-lease", time.Hour, "largest lease_ms accepted")
-	fs.DurationVar(&c.maxWait, "max-wait", time.Hour, "largest wait_ms accepted")
+	fs.DurationVar(&c.maxLease, "max-lease", time.Hour, "largest lease_ms accepted (1ms to 720h, whole milliseconds)")
+	fs.DurationVar(&c.maxWait, "max-wait", time.Hour, "largest wait_ms accepted (at least 1ms, whole milliseconds; wait_ms 0 is always allowed)")
 	fs.IntVar(&c.maxWaitersPerKey, "max-waiters-per-key", 100_000, "queued acquires per key before B")
 	fs.IntVar(&c.maxWaiters, "max-waiters", 1_000_000, "queued acquires in the server before B")
 	fs.IntVar(&c.maxKeys, "max-keys", 10_000_000, "registered keys in the server before B")
@@ -59,6 +67,9 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.logFormat, "log-format", "console", "console or json")
 	fs.StringVar(&c.admin, "admin", "", "address of the admin HTTP listener (pprof, metrics, health); off unless given")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a clean shutdown may take before the process exits 1 without a snapshot")
+	fs.BoolVar(&c.recoverDamaged, "recover-damaged-data-dir", false,
+		"start on a data dir whose state cannot be read back whole: set the damaged files aside, grant nothing for --max-lease plus 2s, restart tokens above the current unix time in ns")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -96,11 +107,23 @@ func (c *config) validate() error {
 	if c.sweepInterval <= 0 {
 		return bad("sweep-interval", "%v must be positive", c.sweepInterval)
 	}
-	if c.maxLease < time.Millisecond {
-		return bad("max-lease", "%v must be at least 1ms", c.maxLease)
+	// The protocol counts in milliseconds: a value that is not a whole
+	// number of them (0 included, which the codec would take as "no limit")
+	// is refused rather than rounded into another meaning.
+	if c.maxLease < time.Millisecond || c.maxLease > maxLeaseLimit {
+		return bad("max-lease", "%v is not between 1ms and %v", c.maxLease, maxLeaseLimit)
 	}
-	if c.maxWait < 0 {
-		return bad("max-wait", "%v must not be negative", c.maxWait)
+	if c.maxLease%time.Millisecond != 0 {
+		return bad("max-lease", "%v is not a whole number of milliseconds", c.maxLease)
+	}
+	if c.maxWait < time.Millisecond {
+		return bad("max-wait", "%v must be at least 1ms (wait_ms 0, no waiting, is always allowed)", c.maxWait)
+	}
+	if c.maxWait%time.Millisecond != 0 {
+		return bad("max-wait", "%v is not a whole number of milliseconds", c.maxWait)
+	}
+	if c.shutdownTimeout <= 0 {
+		return bad("shutdown-timeout", "%v must be positive", c.shutdownTimeout)
 	}
 	for _, f := range []struct {
 		name string

@@ -56,8 +56,9 @@ func run(args []string, stderr io.Writer) int {
 	log := newLogger(cfg, stderr)
 	defer func() { _ = log.Sync() }()
 	if err := serve(cfg, log); err != nil {
+		// Through the logger only, so that --log-format json holds for
+		// every line.
 		log.Error("ticketd stopped", zap.Error(err))
-		fmt.Fprintf(stderr, "ticketd: %v\n", err)
 		return 1
 	}
 	return 0
@@ -77,12 +78,25 @@ func serve(cfg *config, log *zap.Logger) error {
 		SweepInterval:    cfg.sweepInterval,
 		Logger:           log,
 		SweepObserver:    adm.sweeps(),
+		MaxLease:         cfg.maxLease,
+		RecoverDamaged:   cfg.recoverDamaged,
 	})
 	if err != nil {
 		adm.stop(context.Background())
+		if errors.Is(err, single.ErrDamaged) {
+			err = fmt.Errorf("%w. Starting on it could grant a lock that is still held or repeat a token; nothing was written to it. "+
+				"Restore the data dir from a backup, or start once with --recover-damaged-data-dir (and --max-lease at least as long as any earlier run's): "+
+				"the damaged files are set aside, no key is granted for --max-lease plus 2s, and tokens restart above the current time in unix nanoseconds", err)
+		}
 		return err
 	}
 	switch {
+	case runner.Recovered != nil:
+		log.Warn("recovered a damaged data dir",
+			zap.Strings("damage", runner.Recovered),
+			zap.Strings("set_aside", runner.SetAside),
+			zap.Uint64("tokens_above", runner.TokenFloor),
+			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
 	case runner.Crashed:
 		log.Warn("last run did not shut down cleanly",
 			zap.Uint64("tokens_above", runner.TokenFloor),
@@ -128,23 +142,95 @@ func serve(cfg *config, log *zap.Logger) error {
 		zap.Int("max_conns", cfg.maxConns),
 		zap.String("version", buildVersion()))
 
-	s := <-sig
-	log.Info("shutting down", zap.String("signal", s.String()))
+	var failed bool
+	select {
+	case s := <-sig:
+		log.Info("shutting down", zap.String("signal", s.String()))
+	case <-runner.Failed():
+		failed = true // the runner logged why
+	}
 	signal.Stop(sig)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// Everything below is bounded: a process that cannot finish its
+	// shutdown in time exits 1, and the next start recovers as after a
+	// crash, which is safe.
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
-	srv.StopAccepting()
-	serr := runner.Shutdown(ctx)
-	if err := srv.Stop(ctx); err != nil {
-		log.Warn("stopping the event loops", zap.Error(err))
-	}
-	adm.stop(ctx)
-	if serr != nil {
-		return fmt.Errorf("saving the lock table: %w", serr)
+	done := make(chan error, 1)
+	go func() {
+		if failed {
+			done <- abort(ctx, srv, runner, adm, log)
+		} else {
+			done <- shutdown(ctx, srv, runner, adm, log)
+		}
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case <-time.After(cfg.shutdownTimeout + time.Second):
+		return fmt.Errorf("shutdown did not finish within --shutdown-timeout %v; exiting without a snapshot (the next start recovers as after a crash)", cfg.shutdownTimeout)
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// netStopper and backendStopper are what the shutdown needs of the network
+// side and the runner.
+type netStopper interface {
+	StopAccepting()
+	Stop(ctx context.Context) error
+}
+
+type backendStopper interface {
+	Quiesce()
+	Shutdown(ctx context.Context) error
+	Close() error
+	Err() error
+}
+
+type adminStopper interface{ stop(ctx context.Context) }
+
+// shutdown is the clean path, in the order that makes the snapshot final:
+// no new connections; no request applied and every queued acquire answered
+// T; the network side writes what mailboxes hold and closes every
+// connection, releasing grants that could not be delivered; only then the
+// snapshot.
+func shutdown(ctx context.Context, srv netStopper, r backendStopper, adm adminStopper, log *zap.Logger) error {
+	srv.StopAccepting()
+	r.Quiesce()
+	stopNet(ctx, srv, log)
+	adm.stop(ctx)
+	if err := r.Shutdown(ctx); err != nil {
+		return fmt.Errorf("saving the lock table: %w (the next start recovers as after a crash)", err)
+	}
+	return nil
+}
+
+// abort is the path after a failed durable write: waiters get T, answers
+// already decided are written, and the process exits without a snapshot.
+func abort(ctx context.Context, srv netStopper, r backendStopper, adm adminStopper, log *zap.Logger) error {
+	srv.StopAccepting()
+	r.Quiesce()
+	stopNet(ctx, srv, log)
+	adm.stop(ctx)
+	_ = r.Close()
+	return r.Err()
+}
+
+// stopNet gives the network side at most half of what is left, so that
+// the snapshot has time too.
+func stopNet(ctx context.Context, srv netStopper, log *zap.Logger) {
+	nctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		nctx, cancel = context.WithDeadline(ctx, dl.Add(-time.Until(dl)/2))
+		defer cancel()
+	}
+	if err := srv.Stop(nctx); err != nil {
+		log.Warn("stopping the event loops", zap.Error(err))
+	}
 }
 
 func newLogger(cfg *config, w io.Writer) *zap.Logger {
