@@ -5,11 +5,12 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 FUZZTIME ?= 30s
 
-.PHONY: help build run test test-short vet fuzz bench bench-quick bench-tools clean
+.PHONY: help build run test test-alloc test-short vet fuzz bench bench-quick bench-tools clean
 
 help:
 	@echo "make run          build and start ticketd (single mode, ./ticketd-data)"
-	@echo "make test         go vet, then every test with -race"
+	@echo "make test         go vet, the allocation tests without -race, then every test with -race"
+	@echo "make test-alloc   only the allocation tests, without -race (each must run and pass)"
 	@echo "make fuzz         run each fuzz target for FUZZTIME ($(FUZZTIME))"
 	@echo "make bench        ticketd vs Redis vs the echo ceiling (about 10 minutes)"
 	@echo "make bench-quick  the same, short (about 1 minute)"
@@ -25,8 +26,34 @@ run: build
 vet:
 	$(GO) vet ./...
 
-test: vet
+test: vet test-alloc
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# The race detector allocates on its own, so the tests of "no allocation per
+# request" are built only without it (//go:build !race, or a skip on
+# raceEnabled) and the -race pass above never runs them. This pass runs exactly
+# them without -race (-race=false also overrides a GOFLAGS=-race), and fails
+# unless every one is reported as passed: one that is skipped, renamed, or no
+# longer built fails the target as surely as one that allocates. A new
+# allocation test goes into ALLOC_TESTS (and its package into ALLOC_PKGS).
+ALLOC_PKGS  := ./codec ./pprof ./shard ./single
+ALLOC_TESTS := TestParseAllocs TestEncodeAllocs TestParseAnswerAllocs \
+               TestHistogramObserveDoesNotAllocate \
+               TestAllocsAcquireRelease TestAllocsHandOver \
+               TestServerPathDoesNotAllocate
+empty :=
+space := $(empty) $(empty)
+ALLOC_RUN := ^($(subst $(space),|,$(strip $(ALLOC_TESTS))))$$
+
+test-alloc:
+	@out=$$(mktemp) && trap 'rm -f "$$out"' EXIT; \
+	$(GO) test -race=false -count=1 -timeout 5m -v -run '$(ALLOC_RUN)' $(ALLOC_PKGS) >"$$out" 2>&1; rc=$$?; \
+	grep -E '^(--- |ok |FAIL|panic)' "$$out"; \
+	if [ $$rc -ne 0 ]; then cat "$$out"; echo "test-alloc: go test failed"; exit $$rc; fi; \
+	for t in $(ALLOC_TESTS); do \
+		grep -q "^--- PASS: $$t " "$$out" || { \
+			cat "$$out"; echo "test-alloc: $$t did not run and pass (skipped, renamed, or not built?)"; exit 1; }; \
+	done
 
 test-short:
 	$(GO) test -short -count=1 ./...
