@@ -141,13 +141,16 @@ type group struct {
 	pendN uint64   // how many
 	conns []uint64 // local connections with a request in pend
 	next  uint64   // batch id of the next proposal
-	hello bool     // propose even an empty batch: it announces this incarnation
+	force bool     // propose even an empty batch (the first announces this incarnation)
 	kick  chan struct{}
 	slots chan struct{} // proposals in flight
 
+	out outbox // deliver's scratch; the shard's apply goroutine only
+
 	leader   atomic.Uint64 // leader's node id; 0: none known
 	term     atomic.Uint64
-	timerRun atomic.Bool // a timer proposal is in flight
+	timerRun atomic.Bool  // a timer proposal is in flight
+	lastOK   atomic.Int64 // unix ns of the last proposal of ours that committed
 }
 
 const maxInflight = 16 // proposals in flight per shard
@@ -202,7 +205,7 @@ func Start(opt Options) (*Node, error) {
 	}
 	n.grps = make([]*group, opt.Shards)
 	for i := range n.grps {
-		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1, hello: true}
+		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1, force: true}
 		n.grps[i] = g
 		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
 			f := newFSM(int(shardID-1), opt.NodeID, tcfg, n)
@@ -242,29 +245,67 @@ func (n *Node) Attach(srv *netloop.Server) {
 		go g.proposer()
 		g.kickNow()
 	}
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.timerLoop()
 	go n.balanceLoop()
+	go n.quorumLoop()
 }
 
 // Handle implements netloop.Backend: every request becomes a command in its
-// shard's next proposal; the answers come from the replicated log.
+// shard's next proposal, each shard's lock taken once per call; the answers
+// come from the replicated log.
 func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	if n.closing.Load() {
 		return out, 0, true
 	}
 	local := c.ID()
-	from := requesterConn(n.inc, local)
-	var cmd shard.Command
-	for i := range reqs {
-		q := &reqs[i]
-		cmd = shard.Command{From: shard.Requester{Node: n.opt.NodeID, Conn: from, Seq: c.NextSeq()}, Key: q.Key}
-		if q.Kind == codec.Acquire {
-			cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
-		} else {
-			cmd.Op, cmd.Token = shard.OpRelease, q.Token
+	from := shard.Requester{Node: n.opt.NodeID, Conn: requesterConn(n.inc, local)}
+	var idx [256]uint16 // netloop hands over at most 256 frames at once
+	if len(reqs) > len(idx) {
+		for i := 0; i < len(reqs); i += len(idx) {
+			out, _, _ = n.Handle(c, reqs[i:min(i+len(idx), len(reqs))], out)
 		}
-		n.grps[n.shardOf(q.Key)].add(&cmd, local)
+		return out, 0, false
+	}
+	for i := range reqs {
+		idx[i] = uint16(n.shardOf(reqs[i].Key))
+	}
+	seq := c.NextSeq() // sequences follow the frames' order, whatever the shard
+	var cmd shard.Command
+	var doneBits [4]uint64 // requests already queued
+	for i := range reqs {
+		if doneBits[i>>6]&(1<<(i&63)) != 0 {
+			continue
+		}
+		g := n.grps[idx[i]]
+		g.mu.Lock()
+		first := g.pendN == 0
+		for j := i; j < len(reqs); j++ {
+			if idx[j] != idx[i] {
+				continue
+			}
+			doneBits[j>>6] |= 1 << (j & 63)
+			q := &reqs[j]
+			from.Seq = seq + uint64(j)
+			cmd = shard.Command{From: from, Key: q.Key}
+			if q.Kind == codec.Acquire {
+				cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
+			} else {
+				cmd.Op, cmd.Token = shard.OpRelease, q.Token
+			}
+			g.pend = appendCommand(g.pend, &cmd)
+			g.pendN++
+		}
+		if len(g.conns) == 0 || g.conns[len(g.conns)-1] != local {
+			g.conns = append(g.conns, local)
+		}
+		g.mu.Unlock()
+		if first {
+			g.kickNow()
+		}
+	}
+	for range len(reqs) - 1 {
+		c.NextSeq()
 	}
 	return out, 0, false
 }
@@ -297,27 +338,84 @@ func (n *Node) Orphaned(token uint64, key []byte) {
 }
 
 // deliver implements sink: it writes this node's answers to their
-// connections. Answers for an earlier run of this node are dropped: whether
-// they reached their client before the restart is unknown, so a grant among
-// them stays until its lease ends rather than be released under a holder.
+// connections, one post per connection per Update. Answers for an earlier run
+// of this node are dropped: whether they reached their client before the
+// restart is unknown, so a grant among them stays until its lease ends rather
+// than be released under a holder. Runs on the shard's apply goroutine.
 func (n *Node) deliver(idx int, ans []shard.Answer) {
-	srv := n.srv.Load()
-	var buf [512]byte
+	ob := &n.grps[idx].out
 	for i := range ans {
 		a := &ans[i]
 		if a.To.Conn>>connBits != n.inc {
 			continue
 		}
+		id := a.To.Conn & connMask
+		co := ob.conns[id]
+		if co == nil {
+			if co = ob.get(); ob.conns == nil {
+				ob.conns = make(map[uint64]*connOut)
+			}
+			ob.conns[id] = co
+			ob.order = append(ob.order, id)
+		}
+		co.b = netloop.AppendAnswer(co.b, a)
+		co.n++
+		if a.Result == shard.Acquired {
+			co.grants = append(co.grants, grant{a.Token, a.Key})
+		}
+	}
+	srv := n.srv.Load()
+	for _, id := range ob.order {
+		co := ob.conns[id]
 		var c *netloop.Conn
 		if srv != nil {
-			c = srv.Conn(a.To.Conn & connMask)
+			c = srv.Conn(id)
 		}
-		if c != nil && c.Post(netloop.AppendAnswer(buf[:0], a), 1) {
-			continue
+		if c == nil || !c.Post(co.b, co.n) {
+			for _, gr := range co.grants {
+				n.Orphaned(gr.token, gr.key)
+			}
 		}
-		if a.Result == shard.Acquired {
-			n.Orphaned(a.Token, a.Key)
-		}
+		ob.put(co)
+	}
+	clear(ob.conns)
+	ob.order = ob.order[:0]
+}
+
+// outbox gathers one Update's answers per connection.
+type outbox struct {
+	conns map[uint64]*connOut
+	order []uint64
+	free  []*connOut
+}
+
+type connOut struct {
+	b      []byte
+	n      int
+	grants []grant
+}
+
+type grant struct {
+	token uint64
+	key   []byte // valid during deliver
+}
+
+func (o *outbox) get() *connOut {
+	if k := len(o.free); k > 0 {
+		co := o.free[k-1]
+		o.free = o.free[:k-1]
+		return co
+	}
+	return &connOut{}
+}
+
+func (o *outbox) put(co *connOut) {
+	if cap(co.b) > 64<<10 {
+		co.b = nil
+	}
+	co.b, co.n, co.grants = co.b[:0], 0, co.grants[:0]
+	if len(o.free) < 256 {
+		o.free = append(o.free, co)
 	}
 }
 
@@ -361,7 +459,7 @@ func (g *group) proposer() {
 				return
 			}
 			g.mu.Lock()
-			if g.pendN == 0 && !g.hello {
+			if g.pendN == 0 && !g.force {
 				g.mu.Unlock()
 				<-g.slots
 				break
@@ -373,7 +471,7 @@ func (g *group) proposer() {
 			})
 			b = append(b, g.pend...)
 			conns := g.conns
-			g.pend, g.pendN, g.conns, g.hello = g.pend[:0], 0, nil, false
+			g.pend, g.pendN, g.conns, g.force = g.pend[:0], 0, nil, false
 			g.mu.Unlock()
 			go func() {
 				defer func() { <-g.slots }()
@@ -416,6 +514,7 @@ func (g *group) propose(b []byte, giveUp bool) bool {
 		rs.Release()
 		switch {
 		case r.Completed():
+			g.lastOK.Store(time.Now().UnixNano())
 			return true
 		case r.Terminated():
 			return false
@@ -538,6 +637,49 @@ func (n *Node) balanceLoop() {
 			if ok {
 				_ = n.nh.RequestLeaderTransfer(g.id, uint64(want))
 			}
+		}
+	}
+}
+
+// quorumLoop finds the local connections with queued acquires on a shard
+// that has committed nothing of ours for a while and sends an empty proposal
+// on their behalf: if it cannot commit within the unavailable timeout, those
+// connections get E unavailable like any whose request could not commit
+// (their waits could be neither granted nor ended).
+func (n *Node) quorumLoop() {
+	defer n.wg.Done()
+	every := n.opt.UnavailableTimeout / 2
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var cmds []shard.Command
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		for _, g := range n.grps {
+			f := g.fsm.Load()
+			if f == nil || time.Since(time.Unix(0, g.lastOK.Load())) < every {
+				continue
+			}
+			var conns []uint64
+			f.mu.Lock()
+			cmds = f.t.Waiting(n.opt.NodeID, cmds[:0])
+			for i := range cmds {
+				if c := cmds[i].From.Conn; c>>connBits == n.inc {
+					conns = append(conns, c&connMask)
+				}
+			}
+			f.mu.Unlock()
+			if len(conns) == 0 {
+				continue
+			}
+			g.mu.Lock()
+			g.conns = append(g.conns, conns...)
+			g.force = true // propose even if nothing else is queued
+			g.mu.Unlock()
+			g.kickNow()
 		}
 	}
 }
