@@ -213,7 +213,7 @@ func (c *testCluster) checkReplicasAgree() {
 		var sts [][]ShardStatus
 		for _, n := range c.nodes {
 			if n != nil {
-				sts = append(sts, n.Status())
+				sts = append(sts, n.Status(true))
 			}
 		}
 		same := true

@@ -41,6 +41,11 @@ type Options struct {
 	ProposeTimeout     time.Duration // one attempt; default 1s
 	SnapshotEntries    uint64        // log entries between snapshots; default 20000
 
+	// Optional observers: seconds from proposing a batch to its commit
+	// here, and commands per batch.
+	ProposeSeconds Observer
+	BatchCommands  Observer
+
 	// Clock returns wall time in unix nanoseconds; nil: time.Now. Tests
 	// offset it to play a node whose clock is wrong.
 	Clock  func() int64
@@ -92,6 +97,9 @@ func (o *Options) validate() error {
 	}
 	return nil
 }
+
+// Observer takes one observation; prometheus.Histogram is one.
+type Observer interface{ Observe(float64) }
 
 func perShard(total, shards int) int {
 	if total <= 0 {
@@ -470,9 +478,12 @@ func (g *group) proposer() {
 				node: g.n.opt.NodeID, inc: g.n.inc, batch: id, stamp: g.n.now(), count: g.pendN,
 			})
 			b = append(b, g.pend...)
-			conns := g.conns
+			conns, count := g.conns, g.pendN
 			g.pend, g.pendN, g.conns, g.force = g.pend[:0], 0, nil, false
 			g.mu.Unlock()
+			if o := g.n.opt.BatchCommands; o != nil {
+				o.Observe(float64(count))
+			}
 			go func() {
 				defer func() { <-g.slots }()
 				if !g.propose(b, true) {
@@ -515,6 +526,9 @@ func (g *group) propose(b []byte, giveUp bool) bool {
 		switch {
 		case r.Completed():
 			g.lastOK.Store(time.Now().UnixNano())
+			if o := n.opt.ProposeSeconds; o != nil {
+				o.Observe(time.Since(start).Seconds())
+			}
 			return true
 		case r.Terminated():
 			return false
@@ -712,27 +726,54 @@ func (n *Node) Ready() bool {
 
 // ShardStatus is one shard as this node sees it.
 type ShardStatus struct {
-	Shard   int
-	Leader  uint64
-	Term    uint64
-	Applied uint64
-	Digest  string // hash of the replica's state at Applied
+	Shard   int    `json:"shard"`
+	Leader  uint64 `json:"leader"` // node id; 0: none known
+	Term    uint64 `json:"term"`
+	Applied uint64 `json:"applied"`          // last log index applied here
+	Digest  string `json:"digest,omitempty"` // hash of the replica's state at Applied
 }
 
-// Status reports every shard; replicas of a shard that have applied the same
-// index have the same digest.
-func (n *Node) Status() []ShardStatus {
+// Status reports every shard. With digest, each replica's state is hashed
+// too (it serialises the table: for checks, not for every scrape); replicas
+// of a shard at the same index must have the same digest.
+func (n *Node) Status(digest bool) []ShardStatus {
 	out := make([]ShardStatus, len(n.grps))
 	for i, g := range n.grps {
 		out[i] = ShardStatus{Shard: i, Leader: g.leader.Load(), Term: g.term.Load()}
-		if f := g.fsm.Load(); f != nil {
-			applied, sum, err := f.digest()
-			if err == nil {
-				out[i].Applied, out[i].Digest = applied, fmt.Sprintf("%x", sum[:8])
-			}
+		f := g.fsm.Load()
+		if f == nil {
+			continue
+		}
+		if !digest {
+			f.mu.Lock()
+			out[i].Applied = f.applied
+			f.mu.Unlock()
+			continue
+		}
+		if applied, sum, err := f.digest(); err == nil {
+			out[i].Applied, out[i].Digest = applied, fmt.Sprintf("%x", sum[:8])
 		}
 	}
 	return out
+}
+
+// Counters are this node's cumulative figures.
+type Counters struct {
+	Proposals, Retries     int64 // batches proposed; attempts after the first
+	Unavailable            int64 // connections closed with E unavailable
+	TimerCommands          int64 // Expire and WaitTimeout commands proposed as leader
+	LeaderChanges, Orphans int64
+	SnapshotsReceived      int64
+}
+
+// Counters reads the counters.
+func (n *Node) Counters() Counters {
+	s := &n.stats
+	return Counters{
+		Proposals: s.proposals.Load(), Retries: s.retries.Load(), Unavailable: s.failed.Load(),
+		TimerCommands: s.expiries.Load(), LeaderChanges: s.leaderChanges.Load(), Orphans: s.orphans.Load(),
+		SnapshotsReceived: s.snapshotsReceived.Load(),
+	}
 }
 
 // Stats sums the replicas' tables as this node has applied them.
