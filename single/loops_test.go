@@ -1,0 +1,286 @@
+package single
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"math"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/shard"
+)
+
+// Every grant, on every path, leaves only under durable ceilings (the rig
+// checks each one as it leaves). Each grant here carries a lease longer
+// than any before, so the background loop cannot have covered it: the
+// synced write must happen before the answer is written or posted.
+func TestGrantsLeaveUnderDurableCeilings(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	h, w1, w2, w3 := g.dial(), g.dial(), g.dial(), g.dial()
+
+	// Hand-over on release.
+	tok := h.acquire("h", "k", 1000)
+	w1.send("A w1 k 3600000 60000", "A w1 probe 1 0")
+	w1.granted("w1", "probe")
+	h.send(fmt.Sprintf("R %d k", tok))
+	h.expect(fmt.Sprintf("R %d k", tok))
+	tok = w1.granted("w1", "k")
+
+	// Hand-over when the lease ends (the timer loop's Tick).
+	h.send("A h2 k 7200000 7200000", "A h2 probe2 1 0")
+	h.granted("h2", "probe2")
+	g.clock.Advance(time.Hour + time.Second)
+	h.granted("h2", "k")
+
+	// A grant whose connection has gone is released, and the key goes to
+	// the next waiter (the orphan path inside dispatch).
+	tok = w2.acquire("w2", "o", 1000)
+	w3.send("A w3 o 3600000 600000", "A w3 probe3 1 0")
+	w3.granted("w3", "probe3")
+	h.send("A h3 o 10800000 600000", "A h3 probe4 1 0")
+	h.granted("h3", "probe4")
+	w3conn := atomic.Uint64{}
+	g.setDeliver(func(a *shard.Answer, b []byte) bool {
+		if string(a.Owner) == "w3" && a.Result == shard.Acquired {
+			w3conn.Store(a.To.Conn)
+			return false // as if w3's connection had just closed
+		}
+		return true
+	})
+	w2.send(fmt.Sprintf("R %d o", tok))
+	w2.expect(fmt.Sprintf("R %d o", tok))
+	h.granted("h3", "o")
+	if w3conn.Load() == 0 {
+		t.Fatal("the grant to w3 was never delivered")
+	}
+	g.setDeliver(nil)
+
+	// Grace end after a crash: the queued acquire is granted by Tick.
+	g.crash()
+	g2 := startRig(t, dir, rigOpts{clock: g.clock})
+	if g2.r.GraceUntil == 0 {
+		t.Fatal("no grace after a crash with leases held")
+	}
+	q := g2.dial()
+	q.send("A q fresh 36000000 86400000", "A q probe5 1 0")
+	line, _ := q.read()
+	if line != "T q probe5" {
+		t.Fatalf("in grace: %q, want T", line)
+	}
+	g2.clock.Advance(time.Duration(g2.r.GraceUntil-g2.clock.now()) + time.Millisecond)
+	q.granted("q", "fresh")
+}
+
+// A lease whose deadline saturates at the largest int64 is covered by a
+// ceiling that saturates too, instead of wrapping below it.
+func TestLeaseCeilingSaturates(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{limits: codec.Limits{MaxLeaseMs: math.MaxUint64 / 2, MaxWaitMs: 1000}})
+	c := g.dial()
+	c.acquire("o", "forever", 9_000_000_000_000)
+	if st := g.store.state(); st.LeaseCeil != math.MaxInt64 {
+		t.Fatalf("lease ceiling %d, want %d", st.LeaseCeil, int64(math.MaxInt64))
+	}
+	// The background loop neither stalls nor wraps: other grants go on.
+	g.clock.Advance(time.Second)
+	c.acquire("o", "other", 1000)
+}
+
+// The background loop keeps both ceilings ahead of steady traffic: after
+// the start, no synced write happens on the request path.
+func TestCeilingLoopKeepsAhead(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{tokenBlock: 16})
+	c := g.dial()
+	c.acquire("o", "warm", 1000)
+	base := g.r.SyncReserves() // the first lease ceiling
+	for i := range 200 {
+		key := fmt.Sprintf("k%d", i%7)
+		tok := c.acquire("o", key, 1000)
+		c.send(fmt.Sprintf("R %d %s", tok, key))
+		c.expect(fmt.Sprintf("R %d %s", tok, key))
+		if i%4 == 3 {
+			g.clock.Advance(time.Duration(leaseStep / 8))
+		}
+	}
+	if n := g.r.SyncReserves() - base; n != 0 {
+		t.Fatalf("%d synced writes on the request path in steady traffic, want 0", n)
+	}
+	if st := g.store.state(); st.TokenCeil < g.r.Stats().LastToken {
+		t.Fatalf("token ceiling %d below the last token %d", st.TokenCeil, g.r.Stats().LastToken)
+	}
+}
+
+// A wait queued while the timer loop is between its scan of the shards
+// and its sleep still gets its T on time.
+func TestTimerWakeNotLost(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{})
+	h, w, late := g.dial(), g.dial(), g.dial()
+	h.acquire("h", "k", 3600000)
+	w.send("A w k 1000 1000")
+	for g.r.nextWake.Load() != testStart+int64(time.Second) { // the loop has seen w's deadline
+		time.Sleep(time.Millisecond)
+	}
+	var armed atomic.Bool
+	armed.Store(true)
+	g.setScanned(func(earliest int64) {
+		if earliest != math.MaxInt64 || !armed.Swap(false) {
+			return
+		}
+		// w's wait was served; before the loop says what it sleeps for,
+		// another connection queues a wait that ends later.
+		late.send("A l k 1000 5000", "A l probe 1 0")
+		late.granted("l", "probe")
+	})
+	g.clock.Advance(time.Second)
+	w.expect("T w k")
+	g.clock.Advance(5 * time.Second)
+	late.expect("T l k")
+}
+
+// A clean shutdown releases a grant that could not be delivered before it
+// writes the snapshot, so the restart holds no key under a token nobody
+// received.
+func TestOrphanAtShutdownNotInSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	c := g.dial()
+	kept := c.acquire("o", "kept", 60000)
+	lost := c.acquire("o", "lost", 60000)
+	g.srv.StopAccepting()
+	g.r.Quiesce()
+	// What the network side does when it closes a connection whose mailbox
+	// still held a grant.
+	g.r.Orphaned(lost, []byte("lost"))
+	if err := g.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	g2 := startRig(t, dir, rigOpts{clock: g.clock})
+	if g2.r.Restored != 1 {
+		t.Fatalf("restored %d keys, want 1 (kept)", g2.r.Restored)
+	}
+	c2 := g2.dial()
+	c2.send("A x lost 1000 0", fmt.Sprintf("R %d kept", kept))
+	if line, _ := c2.read(); !strings.HasPrefix(line, "A ") {
+		t.Fatalf("lost: %q, want a grant", line)
+	}
+	c2.expect(fmt.Sprintf("R %d kept", kept))
+}
+
+// Queued acquires get T at shutdown, and requests after it close the
+// connection unanswered.
+func TestQuiesce(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{})
+	h, w := g.dial(), g.dial()
+	h.acquire("h", "k", 60000)
+	w.send("A w k 1000 60000", "A w probe 1 0")
+	w.granted("w", "probe")
+	g.r.Quiesce()
+	w.expect("T w k")
+	h.send("A h other 1000 0")
+	h.expectClosed()
+}
+
+// A snapshot write that does not finish (a disk that hangs) does not hold
+// the shutdown past its deadline.
+func TestShutdownSnapshotBounded(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	c := g.dial()
+	c.acquire("o", "k", 60000)
+	hang := make(chan struct{})
+	defer close(hang)
+	g.store.setSnapErr(func() error { <-hang; return nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- g.shutdown(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "in time") || !strings.Contains(err.Error(), dir) {
+			t.Fatalf("shutdown with a hung snapshot write: %v; want a timeout naming the dir", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("shutdown still waiting for the snapshot write 10s after its deadline")
+	}
+	c.expectClosed()
+}
+
+// A full disk: the write that fails stops every grant (the one it was for
+// gets no answer), the log says "no space left on device in <dir>", the
+// runner reports the failure, queued acquires still get T, and no snapshot
+// is written.
+func TestDiskFull(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	h, w, x := g.dial(), g.dial(), g.dial()
+	h.acquire("h", "k", 60000)
+	w.send("A w k 1000 60000", "A w probe 1 0")
+	w.granted("w", "probe")
+	enospc := &fs.PathError{Op: "write", Path: dir + "/" + stateName, Err: syscall.ENOSPC}
+	g.store.setSaveErr(func(state) error { return ioErr(dir, enospc) })
+
+	x.send("A x long 36000000 0") // a lease longer than any: needs a synced write
+	x.expectClosed()
+	select {
+	case <-g.r.Failed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("runner did not report the failed write")
+	}
+	want := "no space left on device in " + dir
+	if err := g.r.Err(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Err: %v; want %q", err, want)
+	}
+	logged := false
+	for _, e := range g.logs.All() {
+		for _, f := range e.Context {
+			if f.Interface != nil {
+				if err, ok := f.Interface.(error); ok && strings.Contains(err.Error(), want) {
+					logged = true
+				}
+			}
+		}
+	}
+	if !logged {
+		t.Errorf("no log entry says %q: %v", want, g.logs.All())
+	}
+	g.r.Quiesce()
+	w.expect("T w k")
+	g.srv.StopAccepting()
+	if err := g.r.Shutdown(t.Context()); err == nil {
+		t.Error("Shutdown after a failed write: nil, want an error (no snapshot)")
+	}
+	if g.store.snaps != 0 {
+		t.Error("a snapshot was written after a failed write")
+	}
+}
+
+// Tokens restart above every reservation after a crash, whichever shard
+// made it and whatever --shards is now.
+func TestTokensAfterFewerShards(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 16, tokenBlock: 16})
+	c := g.dial()
+	key := keyOf(9, 16)
+	var tok uint64
+	for range 42 {
+		tok = c.acquire("o", key, 1000)
+		c.send(fmt.Sprintf("R %d %s", tok, key))
+		c.expect(fmt.Sprintf("R %d %s", tok, key))
+	}
+	g.crash()
+	g2 := startRig(t, dir, rigOpts{shards: 4, clock: g.clock, tokenBlock: 16})
+	g2.clock.Advance(time.Duration(g2.r.GraceUntil-g2.clock.now()) + time.Millisecond)
+	c2 := g2.dial()
+	for i := range 4 {
+		k := keyOf(i, 4)
+		if got := c2.acquire("p", k, 1000); got <= tok {
+			t.Fatalf("%s: token %d after the restart with fewer shards, not above %d", k, got, tok)
+		}
+	}
+}
+
