@@ -1,6 +1,7 @@
 package netloop
 
 import (
+	"bytes"
 	"sync"
 	"time"
 
@@ -163,8 +164,15 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	}
 	if c.over(0) {
 		c.pause()
-	} else if c.paused {
-		c.resume()
+	} else {
+		if c.paused {
+			c.resume()
+		}
+		// Parsing stopped at a limit that the write above has cleared:
+		// go on now, as the client may send nothing more to wake us.
+		if bytes.IndexByte(buf[consumed:], '\n') >= 0 {
+			_ = gc.Wake(nil)
+		}
 	}
 	return gnet.None
 }

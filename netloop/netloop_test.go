@@ -231,3 +231,23 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Parsing that stops at MaxOutbound within one read must go on by itself
+// once the answers are written, even if the client sends nothing more.
+func TestOutputLimitWithinOneReadDoesNotStall(t *testing.T) {
+	_, addr := startServer(t, Config{Backend: &fakeBackend{}, MaxOutbound: 1 << 10})
+	c, r := dial(t, addr)
+	var req bytes.Buffer
+	const n = 1000 // more than one batch (maxBatch) in one read
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&req, "A o%d k%d 1000 0\n", i, i)
+	}
+	if _, err := c.Write(req.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if got, want := readLine(t, r), fmt.Sprintf("A 1 o%d k%d", i, i); got != want {
+			t.Fatalf("answer %d: %q, want %q", i, got, want)
+		}
+	}
+}
