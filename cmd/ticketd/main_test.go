@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// steps records the calls a shutdown makes, in order.
+type steps []string
+
+type fakeNet struct{ s *steps }
+
+func (f fakeNet) StopAccepting()             { *f.s = append(*f.s, "stop accepting") }
+func (f fakeNet) Stop(context.Context) error { *f.s = append(*f.s, "close connections"); return nil }
+
+type fakeRunner struct{ s *steps }
+
+func (f fakeRunner) Quiesce()                       { *f.s = append(*f.s, "quiesce") }
+func (f fakeRunner) Shutdown(context.Context) error { *f.s = append(*f.s, "snapshot"); return nil }
+func (f fakeRunner) Close() error                   { *f.s = append(*f.s, "close"); return nil }
+func (f fakeRunner) Err() error                     { return nil }
+func (f fakeRunner) Orphaned(uint64, []byte)        {}
+func (fakeAdmin) stop(context.Context)              {}
+
+type fakeAdmin struct{}
+
+// The snapshot is taken after the connections are closed: closing them is
+// what releases grants that could not be delivered, so the snapshot holds
+// only grants someone received. Waiters are answered before that.
+func TestShutdownOrder(t *testing.T) {
+	var s steps
+	if err := shutdown(t.Context(), fakeNet{&s}, fakeRunner{&s}, fakeAdmin{}, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	want := steps{"stop accepting", "quiesce", "close connections", "snapshot"}
+	if !slices.Equal(s, want) {
+		t.Fatalf("shutdown order %q, want %q", s, want)
+	}
+	s = nil
+	_ = abort(t.Context(), fakeNet{&s}, fakeRunner{&s}, fakeAdmin{}, zap.NewNop())
+	if want := (steps{"stop accepting", "quiesce", "close connections", "close"}); !slices.Equal(s, want) {
+		t.Fatalf("abort order %q, want %q", s, want)
+	}
+}
+
+// Values the protocol cannot express are refused, never reinterpreted:
+// below a millisecond (0 would reach the codec as "no limit"), fractions of
+// one, and leases beyond the cap.
+func TestDurationFlags(t *testing.T) {
+	bad := []struct{ flag, value string }{
+		{"max-wait", "0"},
+		{"max-wait", "0s"},
+		{"max-wait", "500us"},
+		{"max-wait", "1500us"},
+		{"max-lease", "999us"},
+		{"max-lease", "1500us"},
+		{"max-lease", "2562047h"},
+		{"max-lease", "721h"},
+		{"shutdown-timeout", "0s"},
+	}
+	for _, tc := range bad {
+		_, err := parseConfig([]string{"--" + tc.flag, tc.value}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("--%s %s: %v; want an error naming the flag", tc.flag, tc.value, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"--max-lease", "720h"},
+		{"--max-lease", "1ms", "--max-wait", "1ms"},
+		{"--max-wait", "2562047h"},
+	} {
+		c, err := parseConfig(args, io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v", args, err)
+			continue
+		}
+		if ms(c.maxLease) == 0 || ms(c.maxWait) == 0 {
+			t.Errorf("%q reaches the codec as 0 (no limit)", args)
+		}
+	}
+	if c, err := parseConfig(nil, io.Discard); err != nil || c.shutdownTimeout != 10*time.Second || c.recoverDamaged {
+		t.Errorf("defaults: %+v, %v", c, err)
+	}
+}
