@@ -153,7 +153,7 @@ type group struct {
 	kick  chan struct{}
 	slots chan struct{} // proposals in flight
 
-	out outbox // deliver's scratch; the shard's apply goroutine only
+	out netloop.Outbox // deliver's; the shard's apply goroutine only
 
 	leader   atomic.Uint64 // leader's node id; 0: none known
 	term     atomic.Uint64
@@ -351,81 +351,20 @@ func (n *Node) Orphaned(token uint64, key []byte) {
 // restart is unknown, so a grant among them stays until its lease ends rather
 // than be released under a holder. Runs on the shard's apply goroutine.
 func (n *Node) deliver(idx int, ans []shard.Answer) {
-	ob := &n.grps[idx].out
+	g := n.grps[idx]
 	for i := range ans {
-		a := &ans[i]
-		if a.To.Conn>>connBits != n.inc {
-			continue
-		}
-		id := a.To.Conn & connMask
-		co := ob.conns[id]
-		if co == nil {
-			if co = ob.get(); ob.conns == nil {
-				ob.conns = make(map[uint64]*connOut)
-			}
-			ob.conns[id] = co
-			ob.order = append(ob.order, id)
-		}
-		co.b = netloop.AppendAnswer(co.b, a)
-		co.n++
-		if a.Result == shard.Acquired {
-			co.grants = append(co.grants, grant{a.Token, a.Key})
+		if a := &ans[i]; a.To.Conn>>connBits == n.inc {
+			g.out.Add(a.To.Conn&connMask, a)
 		}
 	}
-	srv := n.srv.Load()
-	for _, id := range ob.order {
-		co := ob.conns[id]
-		var c *netloop.Conn
-		if srv != nil {
-			c = srv.Conn(id)
-		}
-		if c == nil || !c.Post(co.b, co.n) {
-			for _, gr := range co.grants {
-				n.Orphaned(gr.token, gr.key)
-			}
-		}
-		ob.put(co)
+	var mb netloop.Mailboxes
+	if srv := n.srv.Load(); srv != nil {
+		mb = srv
 	}
-	clear(ob.conns)
-	ob.order = ob.order[:0]
+	g.out.Flush(mb, n.orphaned)
 }
 
-// outbox gathers one Update's answers per connection.
-type outbox struct {
-	conns map[uint64]*connOut
-	order []uint64
-	free  []*connOut
-}
-
-type connOut struct {
-	b      []byte
-	n      int
-	grants []grant
-}
-
-type grant struct {
-	token uint64
-	key   []byte // valid during deliver
-}
-
-func (o *outbox) get() *connOut {
-	if k := len(o.free); k > 0 {
-		co := o.free[k-1]
-		o.free = o.free[:k-1]
-		return co
-	}
-	return &connOut{}
-}
-
-func (o *outbox) put(co *connOut) {
-	if cap(co.b) > 64<<10 {
-		co.b = nil
-	}
-	co.b, co.n, co.grants = co.b[:0], 0, co.grants[:0]
-	if len(o.free) < 256 {
-		o.free = append(o.free, co)
-	}
-}
+func (n *Node) orphaned(gr netloop.Grant) { n.Orphaned(gr.Token, gr.Key) }
 
 // add queues cmd for the shard's next proposal; local names the connection
 // that waits for its answer (0: none).
