@@ -22,9 +22,16 @@ func TestCleanRestart(t *testing.T) {
 	for _, k := range keys {
 		old[k] = c.acquire("o", k, 60000, 0)
 	}
-	// A key whose lease ends soon after the restart: the lease keeps running across it.
+	// Keys whose leases end soon after the restart: a lease keeps running
+	// across it. Their ends are staggered so that one of them still runs
+	// after the restart, however long the restart takes (a start is bounded
+	// by startTimeout).
 	shortStart := time.Now()
-	shortTok := c.acquire("o", "short", 6000, 0)
+	shorts := []time.Duration{6 * time.Second, 12 * time.Second, 24 * time.Second, 48 * time.Second}
+	shortToks := make([]uint64, len(shorts))
+	for i, d := range shorts {
+		shortToks[i] = c.acquire("o", fmt.Sprintf("short%d", i), int(d/time.Millisecond), 0)
+	}
 	w := s1.dial(t)
 	w.send(acq("w", "r0", 60000, 30000))
 	w.sync("r0")
@@ -48,15 +55,21 @@ func TestCleanRestart(t *testing.T) {
 			t.Errorf("%s: token %d after the restart, not above %d from before", k, tok, old[k])
 		}
 	}
-	if time.Since(shortStart) < 5*time.Second {
-		c2.send(acq("x", "short", 60000, 0))
-		c2.expect(timedOut("x", "short"))
-	} else {
-		t.Logf("restart took too long to check that the short lease was still held")
+	// The first lease with at least a second left: still held, then free
+	// once it ends, to a new token.
+	i := 0
+	for i < len(shorts) && time.Until(shortStart.Add(shorts[i])) < time.Second {
+		i++
 	}
-	time.Sleep(time.Until(shortStart.Add(6000*time.Millisecond + 300*time.Millisecond)))
-	if tok := c2.acquire("x", "short", 60000, 0); tok <= shortTok {
-		t.Errorf("short: token %d after the restart, not above %d", tok, shortTok)
+	if i == len(shorts) {
+		t.Fatalf("the restart took %v, longer than every short lease", time.Since(shortStart))
+	}
+	key := fmt.Sprintf("short%d", i)
+	c2.send(acq("x", key, 60000, 0))
+	c2.expect(timedOut("x", key))
+	time.Sleep(time.Until(shortStart.Add(shorts[i] + 300*time.Millisecond)))
+	if tok := c2.acquire("x", key, 60000, 0); tok <= shortToks[i] {
+		t.Errorf("%s: token %d after the restart, not above %d", key, tok, shortToks[i])
 	}
 }
 
@@ -209,6 +222,11 @@ func TestInvalidFlags(t *testing.T) {
 		{"max-lease", "0s"},
 		{"max-lease", "forever"},
 		{"max-wait", "-1s"},
+		{"max-wait", "0"},
+		{"max-wait", "500us"},
+		{"max-lease", "1500us"},
+		{"max-lease", "2562047h"},
+		{"shutdown-timeout", "0s"},
 		{"sweep-interval", "bogus"},
 		{"sweep-interval", "-1s"},
 		{"max-conns", "-1"},

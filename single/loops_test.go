@@ -2,6 +2,7 @@ package single
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"math"
@@ -194,7 +195,9 @@ func TestShutdownSnapshotBounded(t *testing.T) {
 	c.acquire("o", "k", 60000)
 	hang := make(chan struct{})
 	defer close(hang)
-	g.store.setSnapErr(func() error { <-hang; return nil })
+	// Once let go it fails, so that nothing is written into a dir the
+	// test is removing.
+	g.store.setSnapErr(func() error { <-hang; return errors.New("let go") })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)

@@ -23,12 +23,16 @@ import (
 //     sector is written whole or not at all.
 //   - ticketd.snapshot: the table at the last clean shutdown, checksummed,
 //     written beside and renamed into place; removed once loaded.
+//   - ticketd.id: written once, after the first state file, and never
+//     changed: it keeps the dir recognisable as used when ticketd.state is
+//     lost.
 //
 // A dir that holds anything but no readable ticketd.state was used before
 // (or is not ours): it is refused, never written into, unless the operator
 // asks for recovery (Options.RecoverDamaged).
 const (
 	stateName = "ticketd.state"
+	idName    = "ticketd.id"
 	snapName  = "ticketd.snapshot"
 	tmpSuffix = ".tmp"
 
@@ -123,7 +127,7 @@ type loaded struct {
 // lost+found, and what a first start that crashed before its state file
 // was in place can leave.
 func ignorable(name string) bool {
-	return name == "lost+found" || name == stateName+tmpSuffix
+	return name == "lost+found" || name == stateName+tmpSuffix || name == idName+tmpSuffix
 }
 
 // openStore locks dir and reads what the last run left. It writes nothing
@@ -226,6 +230,12 @@ func openStore(dir string, recoverDamaged bool, now int64) (*store, loaded, erro
 		ld.st = state{Created: now}
 		if err := s.create(ld.st); err != nil {
 			return fail(err)
+		}
+	}
+	if !slices.Contains(names, idName) {
+		id := fmt.Sprintf("ticketd data dir, first used at unix ns %d\n", ld.st.Created)
+		if err := s.writeFile(idName, []byte(id)); err != nil {
+			return fail(fmt.Errorf("cannot create %s in data dir %q: %w", idName, dir, err))
 		}
 	}
 	if s.f, err = os.OpenFile(filepath.Join(dir, stateName), os.O_RDWR, 0); err != nil {

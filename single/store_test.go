@@ -80,6 +80,11 @@ func TestDamagedDataDir(t *testing.T) {
 			}
 		}, "ticketd.state is damaged"},
 		{"state flipped", false, flip(stateName), "ticketd.state is damaged"},
+		{"state deleted", false, func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, stateName)); err != nil {
+				t.Fatal(err)
+			}
+		}, "ticketd.state is missing"},
 		{"state deleted, snapshot left", true, func(t *testing.T, dir string) {
 			if err := os.Remove(filepath.Join(dir, stateName)); err != nil {
 				t.Fatal(err)
