@@ -286,4 +286,3 @@ func TestTokensAfterFewerShards(t *testing.T) {
 		}
 	}
 }
-
