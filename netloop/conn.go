@@ -3,6 +3,7 @@ package netloop
 import (
 	"bytes"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -20,7 +21,14 @@ type Conn struct {
 	inflight int    // requests handed to the Backend and not yet answered
 	seq      uint64 // requests read so far
 	paused   bool
-	epfd     int // the loop's epoll descriptor, for pausing reads
+	epfd     int   // the loop's epoll descriptor, for pausing reads
+	held     int   // inbound bytes left unparsed by the last OnTraffic
+	active   int64 // stamp of the last read, write or pending state
+
+	// Timeout stamps (see timeout.go): written by the loop, read by the
+	// sweep; 0 is none.
+	quietFrom   atomic.Int64
+	partialFrom atomic.Int64
 
 	// Mailbox for answers decided on other goroutines.
 	mu     sync.Mutex
@@ -70,6 +78,8 @@ func (h *handler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	c := gc.Context().(*Conn)
 	c.gc = gc
 	c.epfd = loopPollFD(gc)
+	c.active = h.s.now()
+	c.quietFrom.Store(c.active) // a connection that never speaks is idle
 	h.s.reg.put(c)
 	return nil, gnet.None
 }
@@ -173,6 +183,9 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		if bytes.IndexByte(buf[consumed:], '\n') >= 0 {
 			_ = gc.Wake(nil)
 		}
+	}
+	if s.timeouts {
+		return c.watch(buf, consumed, len(out) > 0)
 	}
 	return gnet.None
 }

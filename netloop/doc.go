@@ -20,4 +20,7 @@
 //     accept fails (for example with EMFILE). The accept loop in accept.go
 //     refuses connections beyond MaxConns and rides out descriptor exhaustion,
 //     then enrolls each socket into the gnet engine.
+//   - Idle and unfinished-frame timeouts are decided by each connection's
+//     own loop from stamps it keeps; a sweep only wakes the connections that
+//     look due (timeout.go).
 package netloop

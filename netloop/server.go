@@ -44,6 +44,18 @@ type Config struct {
 	Loops       int // event loops; 0: one per core
 	Logger      *zap.Logger
 	Latency     Observer // optional: time from read to write of each batch
+
+	// IdleTimeout closes a connection that has had nothing pending (no
+	// unanswered request or queued acquire, nothing unsent) and has sent
+	// nothing for this long. FrameTimeout closes a connection whose
+	// unfinished last frame (bytes without a line end) has waited this long
+	// for its end, however slowly it trickles in. 0 turns either off; see
+	// DefaultIdleTimeout and DefaultFrameTimeout. Such a close writes no E
+	// line, as no code fits: answers already decided are written, queued
+	// acquires are withdrawn, and the client takes anything unanswered as
+	// failed, as after E.
+	IdleTimeout  time.Duration
+	FrameTimeout time.Duration
 }
 
 // Defaults, chosen so that one connection costs bounded memory: 4,096
@@ -52,6 +64,22 @@ const (
 	DefaultMaxInflight = 4096
 	DefaultMaxOutbound = 1 << 20
 	maxBatch           = 256 // frames handed to the Backend at once
+)
+
+// Suggested timeouts; a zero Config field is off.
+//
+// Idle connections are not closed by default: the protocol does not tell
+// clients that an idle connection may go away, a lock holder may well keep
+// one quiet for the whole of a long lease, and --max-conns already bounds
+// what idle connections cost. Operators whose clients reconnect (ticketd's
+// own do) or whose port is open to untrusted peers should set one.
+//
+// A frame is at most 1,024 bytes, which any live client sends at once, so a
+// line left unfinished for 30 seconds comes from a broken or hostile peer.
+// Closing it loses nothing that was ever a request.
+const (
+	DefaultIdleTimeout  time.Duration = 0
+	DefaultFrameTimeout               = 30 * time.Second
 )
 
 func (c *Config) validate() error {
@@ -66,6 +94,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxOutbound <= 0 {
 		c.MaxOutbound = DefaultMaxOutbound
+	}
+	if c.IdleTimeout < 0 || c.FrameTimeout < 0 {
+		return errors.New("netloop: negative timeout")
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -85,6 +116,8 @@ type Stats struct {
 	Paused      int64 // times a connection stopped being read
 	LateAnswers int64 // answers written through a mailbox
 	Orphans     int64 // grants released because their connection had gone
+	IdleClosed  int64 // connections closed by IdleTimeout
+	FrameClosed int64 // connections closed by FrameTimeout
 }
 
 // Server is the network side of one ticketd process.
@@ -99,6 +132,10 @@ type Server struct {
 	conns, accepted, refused      atomic.Int64
 	acquires, releases, badFrames atomic.Int64
 	paused, late, orphans         atomic.Int64
+	idleClosed, frameClosed       atomic.Int64
+
+	timeouts bool      // IdleTimeout or FrameTimeout is set
+	epoch    time.Time // origin of the timeout stamps; see timeout.go
 
 	outPool sync.Pool // *[]byte answer buffers for one OnTraffic
 	reqPool sync.Pool // *[]codec.Request
@@ -115,6 +152,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	s.timeouts = cfg.IdleTimeout > 0 || cfg.FrameTimeout > 0
+	s.epoch = time.Now()
 	s.reg.init()
 	s.parked.init()
 	s.outPool.New = func() any { b := make([]byte, 0, 16<<10); return &b }
@@ -147,6 +186,10 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.acceptWG.Add(2)
 	go s.acceptLoop()
 	go s.parkedLoop()
+	if s.timeouts {
+		s.acceptWG.Add(1)
+		go s.timeoutLoop()
+	}
 	return nil
 }
 
@@ -209,5 +252,7 @@ func (s *Server) Stats() Stats {
 		Paused:      s.paused.Load(),
 		LateAnswers: s.late.Load(),
 		Orphans:     s.orphans.Load(),
+		IdleClosed:  s.idleClosed.Load(),
+		FrameClosed: s.frameClosed.Load(),
 	}
 }
