@@ -5,10 +5,12 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -109,6 +111,67 @@ func (s *server) kill() { s.p.Kill() }
 
 // exitCode is valid after the process exited; -1 for a signal death.
 func (s *server) exitCode() int { return s.p.ExitCode() }
+
+// adminAddr is the address of the admin listener of a server started with
+// "--admin", "127.0.0.1:0", read from its log ("admin listening" comes
+// before "listening").
+func (s *server) adminAddr() string {
+	s.t.Helper()
+	for _, line := range strings.Split(s.p.Log().String(), "\n") {
+		var rec struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "admin listening" && rec.Addr != "" {
+			return rec.Addr
+		}
+	}
+	s.t.Fatalf("no \"admin listening\" line in the log (started without --admin?)")
+	return ""
+}
+
+// metric reads one unlabelled sample (a line "name value") from /metrics.
+func (s *server) metric(name string) (float64, error) {
+	cl := &http.Client{Timeout: readTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := cl.Get("http://" + s.adminAddr() + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no sample %q in /metrics", name)
+}
+
+// awaitMetric polls metric name until it equals want, for at most timeout.
+// It returns the last value read and whether it reached want.
+func (s *server) awaitMetric(name string, want float64, timeout time.Duration) (float64, bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		v, err := s.metric(name)
+		if err != nil {
+			s.t.Fatalf("reading %s: %v", name, err)
+		}
+		if v == want {
+			return v, true
+		}
+		if time.Now().After(deadline) {
+			return v, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
 
 // rssKiB reads VmRSS of the server process.
 func (s *server) rssKiB() (int64, error) {
