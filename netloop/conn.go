@@ -30,12 +30,25 @@ type Conn struct {
 	quietFrom   atomic.Int64
 	partialFrom atomic.Int64
 
-	// Mailbox for answers decided on other goroutines.
+	// Mailbox for answers decided on other goroutines. The grants among
+	// mail are known by token and key, to be released if mail is never
+	// written: those from PostGrant in grants (their keys back to back in
+	// keys), those from Post by parsing the spans of mail it wrote.
 	mu     sync.Mutex
 	mail   []byte
 	mailN  int
+	grants []grant
+	keys   []byte
+	plain  []span
 	closed bool
 }
+
+type grant struct {
+	token uint64
+	key   int // end of the key in keys; it starts where the previous ends
+}
+
+type span struct{ from, to int }
 
 // ID names the connection for answers decided later; never 0. Safe from any
 // goroutine.
@@ -51,7 +64,8 @@ func (c *Conn) NextSeq() uint64 { c.seq++; return c.seq }
 // Post hands over answers decided away from the connection's loop: b holds
 // n encoded answer lines. It copies b, so the caller may reuse it at once.
 // Safe from any goroutine; false if the connection is gone, in which case
-// nothing was taken.
+// nothing was taken. Grants among b that are never written are found by
+// parsing b again; PostGrant spares that.
 func (c *Conn) Post(b []byte, n int) bool {
 	c.mu.Lock()
 	if c.closed {
@@ -59,6 +73,11 @@ func (c *Conn) Post(b []byte, n int) bool {
 		return false
 	}
 	wake := len(c.mail) == 0
+	if k := len(c.plain); k > 0 && c.plain[k-1].to == len(c.mail) {
+		c.plain[k-1].to += len(b)
+	} else {
+		c.plain = append(c.plain, span{len(c.mail), len(c.mail) + len(b)})
+	}
 	c.mail = append(c.mail, b...)
 	c.mailN += n
 	c.mu.Unlock()
@@ -66,6 +85,45 @@ func (c *Conn) Post(b []byte, n int) bool {
 		_ = c.gc.Wake(nil)
 	}
 	return true
+}
+
+// PostGrant is Post for one grant: b holds its encoded answer line, token and
+// key say what it grants. If the connection closes before b is written, the
+// grant is given back through Backend.Orphaned. It copies b and key.
+func (c *Conn) PostGrant(b []byte, token uint64, key []byte) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	wake := len(c.mail) == 0
+	c.mail = append(c.mail, b...)
+	c.mailN++
+	c.keys = append(c.keys, key...)
+	c.grants = append(c.grants, grant{token, len(c.keys)})
+	c.mu.Unlock()
+	if wake {
+		_ = c.gc.Wake(nil)
+	}
+	return true
+}
+
+// takeMail appends the mailbox to out and empties it. Loop only.
+func (c *Conn) takeMail(out []byte) []byte {
+	c.mu.Lock()
+	if len(c.mail) > 0 {
+		out = append(out, c.mail...)
+		c.inflight -= c.mailN
+		c.s.late.Add(int64(c.mailN))
+		if cap(c.mail) > 64<<10 { // one burst must not pin large buffers
+			c.mail, c.grants, c.keys, c.plain = nil, nil, nil, nil
+		} else {
+			c.mail, c.grants, c.keys, c.plain = c.mail[:0], c.grants[:0], c.keys[:0], c.plain[:0]
+		}
+		c.mailN = 0
+	}
+	c.mu.Unlock()
+	return out
 }
 
 // handler is the gnet event handler.
@@ -92,14 +150,23 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s := h.s
 	c.mu.Lock()
 	c.closed = true
-	mail := c.mail
-	c.mail = nil
+	mail, grants, keys, plain := c.mail, c.grants, c.keys, c.plain
+	c.mail, c.grants, c.keys, c.plain = nil, nil, nil, nil
 	c.mu.Unlock()
 	s.reg.del(c.id)
 	s.parked.del(c)
 	s.conns.Add(-1)
 	s.cfg.Backend.Closed(c)
-	s.orphans.Add(int64(releaseUndelivered(mail, s.cfg.Backend)))
+	from := 0
+	for _, g := range grants {
+		s.cfg.Backend.Orphaned(g.token, keys[from:g.key])
+		from = g.key
+	}
+	n := len(grants)
+	for _, sp := range plain {
+		n += releaseUndelivered(mail[sp.from:sp.to], s.cfg.Backend)
+	}
+	s.orphans.Add(int64(n))
 	return gnet.None
 }
 
@@ -140,19 +207,7 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		s.outPool.Put(outp)
 	}()
 
-	c.mu.Lock()
-	if len(c.mail) > 0 {
-		out = append(out, c.mail...)
-		c.inflight -= c.mailN
-		s.late.Add(int64(c.mailN))
-		if cap(c.mail) > 64<<10 {
-			c.mail = nil
-		} else {
-			c.mail = c.mail[:0]
-		}
-		c.mailN = 0
-	}
-	c.mu.Unlock()
+	out = c.takeMail(out)
 
 	action := gnet.None
 	buf, _ := gc.Peek(-1)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
+
 	"github.com/ticketd/ticketd/codec"
 )
 
@@ -117,6 +119,10 @@ func TestPipelineAndLateAnswer(t *testing.T) {
 	go parked.Post([]byte("A 9 w later\n"), 1)
 	if got := readLine(t, r); got != "A 9 w later" {
 		t.Fatalf("late answer: %q", got)
+	}
+	go parked.PostGrant([]byte("A 10 w later\n"), 10, []byte("later"))
+	if got := readLine(t, r); got != "A 10 w later" {
+		t.Fatalf("late grant: %q", got)
 	}
 }
 
@@ -249,5 +255,68 @@ func TestOutputLimitWithinOneReadDoesNotStall(t *testing.T) {
 		if got, want := readLine(t, r), fmt.Sprintf("A 1 o%d k%d", i, i); got != want {
 			t.Fatalf("answer %d: %q, want %q", i, got, want)
 		}
+	}
+}
+
+// stubConn stands in for gnet's connection in tests of the mailbox alone.
+type stubConn struct {
+	gnet.Conn
+	ctx any
+}
+
+func (s *stubConn) Context() any                { return s.ctx }
+func (*stubConn) Wake(gnet.AsyncCallback) error { return nil }
+
+func newStubConn(t *testing.T, b Backend) (*handler, *Conn, *stubConn) {
+	t.Helper()
+	s, err := New(Config{Backend: b, MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Conn{id: 1, s: s, epfd: -1}
+	gc := &stubConn{ctx: c}
+	c.gc = gc
+	s.conns.Add(1)
+	return &handler{s: s}, c, gc
+}
+
+// Grants posted either way and never written are released once each when
+// the connection closes; other answers are dropped.
+func TestUndeliveredGrantsReleasedOnClose(t *testing.T) {
+	b := &orphanRecorder{}
+	h, c, gc := newStubConn(t, b)
+	c.Post([]byte("T w later\n"), 1)
+	c.PostGrant([]byte("A 7 w k1\n"), 7, []byte("k1"))
+	c.Post([]byte("A 9 v k3\nR 3 k2\n"), 2)
+	c.PostGrant([]byte("A 11 x k4\n"), 11, []byte("k4"))
+	c.Post([]byte("A 13 y k5\n"), 1)
+	h.OnClose(gc, nil)
+	if want := []string{"7 k1", "11 k4", "9 k3", "13 k5"}; fmt.Sprint(b.got) != fmt.Sprint(want) {
+		t.Fatalf("released %v, want %v", b.got, want)
+	}
+	if got := h.s.Stats().Orphans; got != 4 {
+		t.Fatalf("Orphans = %d, want 4", got)
+	}
+	if c.PostGrant([]byte("A 15 z k6\n"), 15, []byte("k6")) || c.Post([]byte("T z k6\n"), 1) {
+		t.Fatal("a closed connection took mail")
+	}
+}
+
+// Mail that was written releases nothing when the connection closes later.
+func TestDeliveredGrantsNotReleased(t *testing.T) {
+	b := &orphanRecorder{}
+	h, c, gc := newStubConn(t, b)
+	key := []byte("k1")
+	c.inflight = 2
+	c.PostGrant([]byte("A 7 w k1\n"), 7, key)
+	c.Post([]byte("A 9 v k3\n"), 1)
+	key[0] = 'X' // the caller may reuse its buffers at once
+	if out := c.takeMail(nil); string(out) != "A 7 w k1\nA 9 v k3\n" || c.inflight != 0 {
+		t.Fatalf("took %q, inflight %d", out, c.inflight)
+	}
+	c.PostGrant([]byte("A 11 x k4\n"), 11, []byte("k4"))
+	h.OnClose(gc, nil)
+	if want := []string{"11 k4"}; fmt.Sprint(b.got) != fmt.Sprint(want) {
+		t.Fatalf("released %v, want %v", b.got, want)
 	}
 }
