@@ -95,7 +95,7 @@ func TestPipelineAndLateAnswer(t *testing.T) {
 	s, addr := startServer(t, Config{Backend: b})
 	c, r := dial(t, addr)
 	var req bytes.Buffer
-	req.WriteString("A w later 1000 5000\n")
+	req.WriteString("A w later 1000 5000\nA w2 later 1000 5000\n")
 	for i := 0; i < 1000; i++ {
 		fmt.Fprintf(&req, "A o%d k%d 1000 0\r\nR 7 k%d\n", i, i, i)
 	}
@@ -120,8 +120,8 @@ func TestPipelineAndLateAnswer(t *testing.T) {
 	if got := readLine(t, r); got != "A 9 w later" {
 		t.Fatalf("late answer: %q", got)
 	}
-	go parked.PostGrant([]byte("A 10 w later\n"), 10, []byte("later"))
-	if got := readLine(t, r); got != "A 10 w later" {
+	go parked.PostGrant([]byte("A 10 w2 later\n"), 10, []byte("later"))
+	if got := readLine(t, r); got != "A 10 w2 later" {
 		t.Fatalf("late grant: %q", got)
 	}
 }
