@@ -52,11 +52,16 @@ func TestWaiterWithdrawnOnClose(t *testing.T) {
 // TestHolderCloseKeepsKey: a held key outlives its holder's connection; the token releases it.
 func TestHolderCloseKeepsKey(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
+	s := startServer(t, "--admin", "127.0.0.1:0")
 	h := s.dial(t)
 	tok := h.acquire("h", "keep", 60000, 0)
 	h.close()
-	time.Sleep(200 * time.Millisecond)
+	// Not a guess at how long the server takes to see the close: the
+	// connection count drops when it handles the close, right before it
+	// tells the lock table.
+	if v, ok := s.awaitMetric("ticketd_connections", 0, readTimeout); !ok {
+		t.Fatalf("ticketd_connections = %v %v after the only connection closed, want 0", v, readTimeout)
+	}
 	x := s.dial(t)
 	x.send(acq("x", "keep", 60000, 0))
 	x.expect(timedOut("x", "keep"))
