@@ -130,6 +130,10 @@ func constLabels(kv []string) prometheus.Labels {
 	return l
 }
 
+// Handle adds an endpoint of the server's own (such as a mode's status page)
+// to the admin mux. Call it before Serve.
+func (a *Admin) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
+
 // Handler serves every endpoint; Serve uses it, tests and embedders may too.
 func (a *Admin) Handler() http.Handler { return a.mux }
 
