@@ -17,9 +17,10 @@ import (
 )
 
 const usage = `usage:
-  bench [-quick] [-only SCENARIOS] [-out DIR] [-ticketd BIN] [-echo BIN] [-redis BIN|none] [-profile]
-        run every scenario: ticketd, Redis and the echo ceiling side by side
-  bench load -system ticketd|redis|echo -addr HOST:PORT [flags]
+  bench [-quick] [-only SCENARIOS] [-out DIR] [-ticketd BIN] [-echo BIN] [-redis BIN|none] [-etcd BIN|none] [-profile]
+        run every scenario: ticketd, Redis and the echo ceiling side by side;
+        ticketd's cluster mode beside etcd and single mode
+  bench load -system ticketd|redis|echo -addr HOST:PORT[,HOST:PORT...] [flags]
         one load run against a server that is already up
   bench hold -addr HOST:PORT -conns N [-sources IP,...]
         hold idle connections until stdin closes (used by the suite)
@@ -74,9 +75,10 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	ticketd := fs.String("ticketd", "", "ticketd binary (default: go build ./cmd/ticketd)")
 	echo := fs.String("echo", "", "echo ceiling binary (default: go build ./bench/cmd/echo)")
 	redis := fs.String("redis", "", `redis-server binary (default: from PATH; "none" skips Redis)`)
+	etcd := fs.String("etcd", "", `etcd server binary (default: from PATH; "none" skips etcd)`)
 	profile := fs.Bool("profile", os.Getenv("PROFILE") == "1",
 		"capture ticketd's CPU and allocation profiles during the uncontended run (default: PROFILE=1)")
-	only := fs.String("only", "", "comma-separated scenarios to run: uncontended, contended, scale (default: all)")
+	only := fs.String("only", "", "comma-separated scenarios to run: uncontended, contended, scale, cluster (default: all)")
 	cpuprofile := fs.String("cpuprofile", "", "write the generator's own CPU profile to this file")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -94,7 +96,7 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *quick {
 		plan = QuickPlan()
 	}
-	env, cleanup, err := prepare(ctx, *out, *ticketd, *echo, *redis, *profile, stderr)
+	env, cleanup, err := prepare(ctx, *out, *ticketd, *echo, *redis, *etcd, *profile, stderr)
 	defer cleanup()
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
@@ -103,7 +105,7 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *only != "" {
 		env.Only = strings.Split(*only, ",")
 		for _, o := range env.Only {
-			if o != "uncontended" && o != "contended" && o != "scale" {
+			if o != "uncontended" && o != "contended" && o != "scale" && o != "cluster" {
 				fmt.Fprintf(stderr, "bench: -only: unknown scenario %q\n", o)
 				return 2
 			}
@@ -122,8 +124,8 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return 0
 }
 
-// prepare builds what it was not given and finds Redis.
-func prepare(ctx context.Context, out, ticketd, echo, redis string, profile bool, log io.Writer) (Env, func(), error) {
+// prepare builds what it was not given and finds Redis and etcd.
+func prepare(ctx context.Context, out, ticketd, echo, redis, etcd string, profile bool, log io.Writer) (Env, func(), error) {
 	env := Env{Log: log, Profile: profile, Ticketd: ticketd, Echo: echo}
 	cleanup := func() {}
 	root, err := serverproc.ModuleRoot()
@@ -166,6 +168,16 @@ func prepare(ctx context.Context, out, ticketd, echo, redis string, profile bool
 	default:
 		env.Redis = redis
 	}
+	switch etcd {
+	case "none":
+		env.EtcdMissing = "skipped by -etcd none"
+	case "":
+		if env.Etcd, err = serverproc.FindEtcd(); err != nil {
+			env.EtcdMissing = err.Error()
+		}
+	default:
+		env.Etcd = etcd
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return env, cleanup, err
@@ -190,7 +202,17 @@ func writeResults(rep *Report, out, name string) (string, error) {
 		firstErr = fmt.Errorf("chart: %w", err)
 		chart = ""
 	}
-	md := rep.Markdown(chart)
+	var failover string
+	if rep.Cluster != nil && rep.Cluster.Failover != nil && len(rep.Cluster.Failover.Timeline.At) > 0 {
+		failover = base + "-failover.png"
+		if err := rep.FailoverChart(filepath.Join(out, failover)); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("failover chart: %w", err)
+			}
+			failover = ""
+		}
+	}
+	md := rep.Markdown(chart, failover)
 	if err := os.WriteFile(filepath.Join(out, base+".md"), []byte(md), 0o644); err != nil && firstErr == nil {
 		firstErr = err
 	}
@@ -209,7 +231,8 @@ func loadMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	var l Load
 	sys := fs.String("system", "ticketd", "ticketd, redis or echo")
-	fs.StringVar(&l.Addr, "addr", "", "server address")
+	addr := fs.String("addr", "", "server address; several, comma-separated, spread the connections over them (cluster nodes)")
+	fs.BoolVar(&l.Reconnect, "reconnect", false, "ticketd, closed loop: dial again (the next address) when the server closes a connection or answers E unavailable")
 	fs.IntVar(&l.Conns, "conns", 50, "connections")
 	fs.IntVar(&l.Depth, "depth", 0, "lock pairs in flight per connection (0: 1 closed loop, 256 open loop)")
 	fs.Float64Var(&l.Rate, "rate", 0, "open loop: acquires per second over all connections (0: closed loop)")
@@ -234,6 +257,11 @@ func loadMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer stopProfile()
 	l.System = System(*sys)
+	if strings.Contains(*addr, ",") {
+		l.Addrs = strings.Split(*addr, ",")
+	} else {
+		l.Addr = *addr
+	}
 	if *sources != "" {
 		l.Sources = strings.Split(*sources, ",")
 	}
@@ -253,6 +281,10 @@ func loadMain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmtDur(time.Duration(res.Latency.Max())), fmtDur(Q(res.Acquire, 99)))
 	if l.Rate > 0 {
 		fmt.Fprintf(stdout, "; generator lag p99 %s, %d overruns", fmtDur(Q(res.SendLag, 99)), res.Overruns)
+	}
+	if res.Reconnects > 0 {
+		fmt.Fprintf(stdout, "; %d reconnects (%d after E unavailable), %d requests lost, longest outage %s",
+			res.Reconnects, res.Unavailable, res.Lost, fmtDur(res.Outage))
 	}
 	fmt.Fprintln(stdout)
 	return nil

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +37,10 @@ func (d Dist) String() string {
 type Load struct {
 	System System
 	Addr   string
-	Conns  int
+	// Addrs, when given, spread the connections over several servers (the
+	// nodes of a cluster) in turn; Addr is then only a label.
+	Addrs []string
+	Conns int
 	// Depth is the most lock pairs in flight per connection. Closed loop keeps
 	// exactly Depth in flight; open loop delays an acquire that finds Depth in
 	// flight (and charges the delay to its latency). 0: 1 closed, 256 open.
@@ -59,6 +63,13 @@ type Load struct {
 	// the run leaves no key held (0: 2s).
 	Drain time.Duration
 	Seed  uint64
+	// Reconnect (closed loop, ticketd): a connection the server closes, or
+	// ends with `E unavailable`, is dialled again to the next address; the
+	// pairs it had in flight are counted lost and start afresh. Without it
+	// either ends the run with an error.
+	Reconnect bool
+	// Trace, when set, records every answer by shard and time.
+	Trace *Trace
 	// Progress gets a line a second while the run goes (nil: quiet), prefixed
 	// with Label.
 	Progress io.Writer
@@ -66,8 +77,14 @@ type Load struct {
 }
 
 func (l *Load) validate() error {
+	if l.Addr == "" && len(l.Addrs) > 0 {
+		l.Addr = strings.Join(l.Addrs, ",")
+	}
 	if l.Addr == "" {
 		return errors.New("bench: no address")
+	}
+	if l.Reconnect && (l.Rate > 0 || l.System != Ticketd) {
+		return errors.New("bench: Reconnect is for ticketd in closed loop")
 	}
 	if l.Conns <= 0 {
 		return errors.New("bench: Conns must be > 0")
@@ -119,6 +136,12 @@ type Result struct {
 	// Overruns counts acquires in open loop that found Depth pairs in flight
 	// on their connection and waited.
 	Overruns int64
+	// With Load.Reconnect: connections dialled again, how many of those ends
+	// were `E unavailable`, the requests in flight they took with them
+	// (outcome unknown), and the longest a reconnecting connection went from
+	// its last answer before the end to its first answer after.
+	Reconnects, Unavailable, Lost int64
+	Outage                        time.Duration
 }
 
 // LinesPerSec is answers per second in the window.
@@ -174,6 +197,7 @@ type run struct {
 	failed  atomic.Bool
 
 	shards []*recShard
+	addrs  []string
 }
 
 // stop ends the window at now (if it has not ended) and starts the drain.
@@ -228,6 +252,7 @@ type conn struct {
 	leaseMs, waitMs uint64
 	leaseText       []byte // Redis PX argument
 	ownerPrefix     []byte // "c<id>."
+	addr            int    // index into run.addrs of the server dialled
 
 	mu        sync.Mutex // slots, free, fifo, releases, wbuf, counters: reader and sender
 	slots     []slot
@@ -255,6 +280,12 @@ type conn struct {
 	// window counters, under mu
 	grants, lines, pairs, acquired, refused, released, notReleased, overruns int64
 
+	// reconnection, under mu: counted over the whole run, not the window
+	reconnects, unavailable, lost int64
+	lastAnswer                    int64 // time of the latest answer
+	outageFrom                    int64 // last answer before a reconnect, until the first after
+	outage                        int64 // longest such stretch
+
 	progress atomic.Int64 // answers so far, for the progress line
 }
 
@@ -274,17 +305,16 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 			return nil, fmt.Errorf("bench: redis at %s: loading the release script: %w", l.Addr, err)
 		}
 	}
-	ncs, err := DialMany(ctx, l.Addr, l.Conns, l.Sources)
+	addrs := l.Addrs
+	if len(addrs) == 0 {
+		addrs = []string{l.Addr}
+	}
+	ncs, err := dialSpread(ctx, addrs, l.Conns, l.Sources)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		for _, nc := range ncs {
-			nc.Close()
-		}
-	}()
 
-	r := &run{l: &l, w: w, open: l.Rate > 0, stopCh: make(chan struct{})}
+	r := &run{l: &l, w: w, open: l.Rate > 0, stopCh: make(chan struct{}), addrs: addrs}
 	nshards := min(l.Conns, 16)
 	for range nshards {
 		r.shards = append(r.shards, &recShard{lat: newHist(), acq: newHist(), lag: newHist()})
@@ -293,7 +323,7 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 	rbufSize := max(4096, min(64<<10, l.Depth*2*160))
 	for i := range conns {
 		c := &conn{
-			r: r, id: i, nc: ncs[i], shard: r.shards[i%nshards],
+			r: r, id: i, nc: ncs[i], shard: r.shards[i%nshards], addr: i % len(addrs),
 			rng:     rand.New(rand.NewPCG(l.Seed, uint64(i))),
 			leaseMs: l.LeaseMs, waitMs: l.WaitMs,
 			leaseText:   strconv.AppendUint(nil, l.LeaseMs, 10),
@@ -312,6 +342,13 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 		}
 		conns[i] = c
 	}
+	defer func() {
+		for _, c := range conns {
+			c.mu.Lock()
+			c.nc.Close()
+			c.mu.Unlock()
+		}
+	}()
 
 	r.start = nanotime() + int64(10*time.Millisecond)
 	r.winStart = r.start + int64(l.Warmup)
@@ -319,6 +356,9 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 		r.endAt.Store(r.winStart + int64(l.Duration))
 	} else {
 		r.endAt.Store(math.MaxInt64)
+	}
+	if l.Trace != nil {
+		l.Trace.begin(r.start, l.Warmup+l.Duration+l.Drain+time.Second)
 	}
 	if r.open {
 		every := float64(l.Conns) / l.Rate * 1e9
@@ -357,6 +397,13 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 		res.Released += c.released
 		res.NotReleased += c.notReleased
 		res.Overruns += c.overruns
+		res.Reconnects += c.reconnects
+		res.Unavailable += c.unavailable
+		res.Lost += c.lost
+		res.Outage = max(res.Outage, time.Duration(c.outage))
+	}
+	if l.Trace != nil {
+		l.Trace.end(r.winStart, end)
 	}
 	if r.err != nil {
 		return res, r.err
@@ -403,7 +450,7 @@ func (r *run) monitor(ctx context.Context, conns []*conn, done <-chan struct{}) 
 			if now >= drainUntil && !r.dead.Swap(true) {
 				// Pairs still open now stay open; unblock every reader.
 				for _, c := range conns {
-					c.nc.SetReadDeadline(time.Now())
+					c.deadlineNow()
 					c.wake()
 				}
 			}
@@ -547,8 +594,10 @@ func (c *conn) reader() {
 		}
 		err := c.writeLocked()
 		c.mu.Unlock()
-		if err != nil {
-			r.fail(fmt.Errorf("%s: write: %w", r.l.System, err))
+		if err != nil && !(r.l.Reconnect && c.reconnect(err)) {
+			if !r.stopping.Load() {
+				r.fail(fmt.Errorf("%s: write: %w", r.l.System, err))
+			}
 			return
 		}
 	}
@@ -568,6 +617,12 @@ func (c *conn) reader() {
 		if n > 0 {
 			c.rlen += n
 			if perr := c.onData(nanotime()); perr != nil {
+				if r.l.Reconnect && !r.dead.Load() && (errors.Is(perr, errUnavailable) || errors.Is(perr, errWrite)) {
+					if c.reconnect(perr) {
+						continue
+					}
+					return
+				}
 				if !r.dead.Load() {
 					r.fail(fmt.Errorf("%s: connection %d: %w", r.l.System, c.id, perr))
 				}
@@ -580,6 +635,12 @@ func (c *conn) reader() {
 				return
 			}
 			if r.stopping.Load() && errors.Is(err, os.ErrDeadlineExceeded) {
+				return
+			}
+			if r.l.Reconnect && !errors.Is(err, os.ErrDeadlineExceeded) {
+				if c.reconnect(err) {
+					continue
+				}
 				return
 			}
 			r.fail(fmt.Errorf("%s: connection %d: read: %w", r.l.System, c.id, err))
@@ -611,6 +672,9 @@ func (c *conn) onData(now int64) error {
 		off += n
 		lines++
 		s := &c.slots[si]
+		if t := r.l.Trace; t != nil {
+			t.add(s.key, s.stamp, now)
+		}
 		if inWindow && s.stamp >= r.winStart {
 			lat := now - s.stamp
 			c.lat = append(c.lat, lat)
@@ -662,8 +726,15 @@ func (c *conn) onData(now int64) error {
 		c.dueLocked(now, end) // one write for both: the sender's timer is late more often than not
 		c.recordLagLocked()
 	}
+	if lines > 0 {
+		c.lastAnswer = now
+		if c.outageFrom != 0 {
+			c.outage = max(c.outage, now-c.outageFrom)
+			c.outageFrom = 0
+		}
+	}
 	if werr := c.writeLocked(); werr != nil && err == nil {
-		err = fmt.Errorf("write: %w", werr)
+		err = fmt.Errorf("%w: %w", errWrite, werr)
 	}
 	c.mu.Unlock()
 	c.progress.Add(lines)
@@ -741,7 +812,7 @@ func (c *conn) sender() {
 		}
 		if done {
 			// Nothing will arrive any more: wake the reader from its Read.
-			c.nc.SetReadDeadline(time.Now())
+			c.deadlineNow()
 			return
 		}
 		if r.dead.Load() {
@@ -764,6 +835,97 @@ func (c *conn) sender() {
 			}
 		}
 	}
+}
+
+// deadlineNow wakes the reader from its Read.
+func (c *conn) deadlineNow() {
+	c.mu.Lock()
+	c.nc.SetReadDeadline(time.Now())
+	c.mu.Unlock()
+}
+
+var errWrite = errors.New("write")
+
+// reconnect replaces a connection the server ended (cause) with one to the
+// next address that accepts, and starts every slot's pair again on it; the
+// requests in flight on the old one are lost (their outcome is unknown). It
+// reports false once the run is stopping.
+func (c *conn) reconnect(cause error) bool {
+	r := c.r
+	c.mu.Lock()
+	c.nc.Close()
+	c.reconnects++
+	if errors.Is(cause, errUnavailable) {
+		c.unavailable++
+	}
+	c.lost += int64(c.inflight)
+	c.inflight = 0
+	clear(c.releases)
+	c.rlen = 0
+	c.wbuf = c.wbuf[:0]
+	if c.outageFrom == 0 {
+		c.outageFrom = c.lastAnswer
+		if c.outageFrom == 0 {
+			c.outageFrom = nanotime()
+		}
+	}
+	c.mu.Unlock()
+	for tries := 0; !r.stopping.Load(); tries++ {
+		c.addr = (c.addr + 1) % len(r.addrs)
+		nc, err := net.DialTimeout("tcp", r.addrs[c.addr], time.Second)
+		if err != nil {
+			if tries%len(r.addrs) == len(r.addrs)-1 {
+				time.Sleep(20 * time.Millisecond) // every address refused: a moment before the next round
+			}
+			continue
+		}
+		c.mu.Lock()
+		c.nc = nc
+		c.inflight = 0
+		clear(c.releases)
+		c.wbuf = c.wbuf[:0]
+		now := nanotime()
+		for i := range c.slots {
+			c.startPair(&c.slots[i], now)
+		}
+		err = c.writeLocked()
+		c.mu.Unlock()
+		if err == nil {
+			return true
+		}
+		nc.Close()
+	}
+	return false
+}
+
+// dialSpread dials n connections, connection i to addrs[i%len(addrs)].
+func dialSpread(ctx context.Context, addrs []string, n int, sources []string) ([]net.Conn, error) {
+	if len(addrs) == 1 {
+		return DialMany(ctx, addrs[0], n, sources)
+	}
+	out := make([]net.Conn, n)
+	closeAll := func() {
+		for _, nc := range out {
+			if nc != nil {
+				nc.Close()
+			}
+		}
+	}
+	for k, a := range addrs {
+		cnt := (n - k + len(addrs) - 1) / len(addrs) // i in [0,n) with i%len == k
+		if cnt <= 0 {
+			continue
+		}
+		ncs, err := DialMany(ctx, a, cnt, sources)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		for j, nc := range ncs {
+			out[k+j*len(addrs)] = nc
+		}
+	}
+	return out, nil
 }
 
 // DialMany opens n TCP connections to addr, a bounded number at a time (a

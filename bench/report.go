@@ -27,6 +27,7 @@ const (
 	ScenarioUncontended Scenario = "uncontended"
 	ScenarioContended   Scenario = "contended"
 	ScenarioScale       Scenario = "connection scale"
+	ScenarioCluster     Scenario = "cluster"
 )
 
 // Row is one run, reduced to what the report shows.
@@ -51,6 +52,8 @@ type Row struct {
 	GrantsMax                       int64
 	Starved                         int // connections with no grant in the window
 	Window                          time.Duration
+	// Reconnect runs (cluster): see Result.
+	Reconnects, Unavailable, Lost int64
 	// CPU used while the run lasted (warm-up and drain included), in cores:
 	// by the server, by the generator, and by anything else on the machine
 	// (a busy neighbour makes every figure of the run worse).
@@ -70,6 +73,7 @@ func rowOf(sc Scenario, r *Result) Row {
 		Refused: r.Refused, NotReleased: r.NotReleased, Overruns: r.Overruns,
 		GrantsPerSec: float64(r.Acquired) / r.Window.Seconds(),
 		Window:       r.Window,
+		Reconnects:   r.Reconnects, Unavailable: r.Unavailable, Lost: r.Lost,
 	}
 	if len(g) > 0 {
 		row.GrantsMin, row.GrantsMedian, row.GrantsMax = g[0], g[len(g)/2], g[len(g)-1]
@@ -124,6 +128,7 @@ type Report struct {
 	Skipped       []string
 	Errors        []string
 	Profiles      []string
+	Cluster       *ClusterReport `json:",omitempty"`
 	plan          Plan
 }
 
@@ -242,6 +247,7 @@ func (r *Report) evaluate() {
 				cont.Starved, commas(int64(cont.Conns)), cont.GrantsMin, cont.Refused, fmtDur(cont.AcqMax)),
 			verdict(cont.Starved == 0 && cont.Refused == 0)})
 	}
+	r.evaluateCluster(skip)
 }
 
 // Passed reports whether no target missed (skips do not count).
@@ -279,8 +285,9 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2fx", a/b)
 }
 
-// Markdown renders the report; chart is the PNG's file name ("" for none).
-func (r *Report) Markdown(chart string) string {
+// Markdown renders the report; chart is the PNG's file name ("" for none),
+// failoverChart the failover run's.
+func (r *Report) Markdown(chart string, failoverChart ...string) string {
 	var b bytes.Buffer
 	p := r.plan
 	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
@@ -320,6 +327,11 @@ func (r *Report) Markdown(chart string) string {
 		r.mdScale(w)
 	} else {
 		w("\n## 3. Connection scale\n\nNot run.\n")
+	}
+	if r.Cluster != nil {
+		r.mdCluster(w, strings.Join(failoverChart, ""))
+	} else if r.plan.ClusterNodes > 0 {
+		w("\n## 4. Cluster\n\nNot run.\n")
 	}
 
 	if chart != "" {
@@ -490,6 +502,10 @@ func (r *Report) Chart(path string) error {
 			add(get(x.System, 1, fmt.Sprintf("%s uncontended, open loop", x.System)), x, "")
 		case x.Scenario == ScenarioContended:
 			add(get(x.System, 2, fmt.Sprintf("%s contended, %s waiters", x.System, commas(int64(x.Conns)))), x, "")
+		case x.Scenario == ScenarioCluster:
+			name := map[System]string{TicketdCluster: "ticketd cluster", Ticketd: "ticketd single",
+				Etcd: "etcd Mutex"}[x.System]
+			add(get(x.System, 4, name+", cluster section (depth)"), x, fmt.Sprint(x.Depth))
 		}
 	}
 	for i := range r.Scale {
@@ -510,12 +526,14 @@ func (r *Report) Chart(path string) error {
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Add(plotter.NewGrid())
 	sysColor := map[System]color.Color{
-		Ticketd: color.RGBA{R: 214, G: 39, B: 40, A: 255},
-		Redis:   color.RGBA{R: 31, G: 119, B: 180, A: 255},
-		Echo:    color.RGBA{R: 110, G: 110, B: 110, A: 255},
+		Ticketd:        color.RGBA{R: 214, G: 39, B: 40, A: 255},
+		Redis:          color.RGBA{R: 31, G: 119, B: 180, A: 255},
+		Echo:           color.RGBA{R: 110, G: 110, B: 110, A: 255},
+		TicketdCluster: color.RGBA{R: 255, G: 127, B: 14, A: 255},
+		Etcd:           color.RGBA{R: 44, G: 160, B: 44, A: 255},
 	}
-	glyphs := []draw.GlyphDrawer{draw.CircleGlyph{}, draw.BoxGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}}
-	dashes := [][]vg.Length{nil, {vg.Points(6), vg.Points(3)}, nil, {vg.Points(2), vg.Points(2)}}
+	glyphs := []draw.GlyphDrawer{draw.CircleGlyph{}, draw.BoxGlyph{}, draw.TriangleGlyph{}, draw.PyramidGlyph{}, draw.CrossGlyph{}}
+	dashes := [][]vg.Length{nil, {vg.Points(6), vg.Points(3)}, nil, {vg.Points(2), vg.Points(2)}, {vg.Points(1), vg.Points(3)}}
 	legend := plot.NewLegend() // drawn beside the plot, not over the points
 	legend.Top, legend.Left = true, true
 	legend.YOffs = -vg.Points(30)

@@ -37,6 +37,19 @@ type Plan struct {
 	Idle          []int   // idle connections wanted, in steps
 	ScaleDuration time.Duration
 	PerProc       int // idle connections per hold process
+
+	// 4. cluster (0 nodes: not run)
+	ClusterNodes    int
+	ClusterShards   int
+	ClusterConns    int
+	ClusterDepths   []int
+	ClusterDuration time.Duration // each ticketd run
+	EtcdDuration    time.Duration
+	// The failover run: kill -9 of a node FailoverKillAfter into the
+	// window (0 duration: not run).
+	FailoverDuration  time.Duration
+	FailoverKillAfter time.Duration
+	FailoverDepth     int
 }
 
 func FullPlan() Plan {
@@ -47,6 +60,9 @@ func FullPlan() Plan {
 		Waiters: 5000, ContendedKeys: 100, ContendedDuration: 15 * time.Second,
 		Active: 1000, ActiveRate: 10_000, Idle: []int{10_000, 50_000, 100_000},
 		ScaleDuration: 8 * time.Second, PerProc: 10_000,
+		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16, 64},
+		ClusterDuration: 8 * time.Second, EtcdDuration: 8 * time.Second,
+		FailoverDuration: 10 * time.Second, FailoverKillAfter: 4 * time.Second, FailoverDepth: 16,
 	}
 }
 
@@ -58,6 +74,9 @@ func QuickPlan() Plan {
 		Waiters: 1000, ContendedKeys: 100, ContendedDuration: 2 * time.Second,
 		Active: 200, ActiveRate: 4_000, Idle: []int{5_000},
 		ScaleDuration: 1500 * time.Millisecond, PerProc: 10_000,
+		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16},
+		ClusterDuration: time.Second, EtcdDuration: 2 * time.Second,
+		FailoverDuration: 4 * time.Second, FailoverKillAfter: 1500 * time.Millisecond, FailoverDepth: 16,
 	}
 }
 
@@ -80,12 +99,15 @@ type Env struct {
 	Redis   string // redis-server; "" when missing, with RedisMissing saying why
 	// RedisMissing is the note printed instead of Redis's figures.
 	RedisMissing string
+	Etcd         string // etcd server; "" when missing, with EtcdMissing saying why
+	EtcdMissing  string
 	Self         []string // argv that runs this program (its "hold" subcommand)
 	SelfEnv      []string
 	Out          string    // results directory ("" writes nothing)
 	Profile      bool      // capture ticketd's CPU and allocation profiles
 	Log          io.Writer // progress
-	// Only names the scenarios to run (uncontended, contended, scale); nil: all.
+	// Only names the scenarios to run (uncontended, contended, scale,
+	// cluster); nil: all.
 	Only []string
 }
 
@@ -105,12 +127,16 @@ func RunSuite(ctx context.Context, plan Plan, env Env) *Report {
 		{"uncontended", s.uncontended},
 		{"contended", s.contended},
 		{"scale", s.scale},
+		{"cluster", s.cluster},
 	}
 	for _, st := range steps {
 		if ctx.Err() != nil {
 			break
 		}
 		if env.Only != nil && !slices.Contains(env.Only, st.name) {
+			continue
+		}
+		if st.name == "cluster" && plan.ClusterNodes == 0 {
 			continue
 		}
 		fmt.Fprintf(env.Log, "== %s\n", st.name)
@@ -149,22 +175,35 @@ func stopInto(err *error, srv *Proc) {
 // run runs l against srv and adds it to the report under sc.
 func (s *suite) run(ctx context.Context, sc Scenario, srv *Proc, l Load) (*Row, error) {
 	l.Progress = s.env.Log
+	return s.measure(ctx, sc, "", srv.CPU, l, func() (*Result, error) { return Run(ctx, l) })
+}
+
+// measure runs do, the load l, and adds its row to the report under sc,
+// with System sys if given; cpu reads the server's CPU time so far.
+func (s *suite) measure(ctx context.Context, sc Scenario, sys System, cpu func() (time.Duration, error), l Load, do func() (*Result, error)) (*Row, error) {
 	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
-	srvCPU0, _ := srv.CPU()
+	srvCPU0, _ := cpu()
 	genCPU0, allCPU0, t0 := selfCPU(), machineCPU(), time.Now()
-	res, err := Run(ctx, l)
+	res, err := do()
 	if err != nil {
 		return nil, err
 	}
 	wall := time.Since(t0).Seconds()
-	srvCPU1, _ := srv.CPU()
+	srvCPU1, _ := cpu()
 	row := rowOf(sc, res)
+	if sys != "" {
+		row.System = sys
+	}
 	row.ServerCores = (srvCPU1 - srvCPU0).Seconds() / wall
 	row.BenchCores = (selfCPU() - genCPU0).Seconds() / wall
 	row.OtherCores = max(0, (machineCPU()-allCPU0).Seconds()/wall-row.ServerCores-row.BenchCores)
 	fmt.Fprintf(s.env.Log, "   %s pairs/s, %s lines/s, p50 %s p99 %s p99.9 %s; CPU cores: server %.2f, bench %.2f, others %.2f\n",
 		human(row.PairsPerSec), human(row.LinesPerSec), fmtDur(row.P50), fmtDur(row.P99), fmtDur(row.P999),
 		row.ServerCores, row.BenchCores, row.OtherCores)
+	if row.Reconnects > 0 {
+		fmt.Fprintf(s.env.Log, "   %d reconnects (%d after E unavailable), %d requests lost with their connections\n",
+			row.Reconnects, row.Unavailable, row.Lost)
+	}
 	if sc != ScenarioScale {
 		s.rep.Rows = append(s.rep.Rows, row)
 	}

@@ -115,8 +115,15 @@ func (ticketdWire) parse(buf []byte, c *conn) (int, int32, outcome, uint64, erro
 		}
 		return n, si, out, a.Token, nil
 	}
+	if a.Kind == 'E' && string(a.Code) == "unavailable" {
+		return 0, 0, 0, 0, fmt.Errorf("%w: %w: %q", ErrServer, errUnavailable, buf[:n-1])
+	}
 	return 0, 0, 0, 0, fmt.Errorf("%w: %q", ErrServer, buf[:n-1])
 }
+
+// errUnavailable marks `E unavailable` (cluster mode: a shard without quorum
+// too long); the server closes the connection after it.
+var errUnavailable = errors.New("unavailable")
 
 // echoWire sends ticketd's own request lines to a server that returns them
 // unchanged: every acquire "succeeds" and is released with a made-up token.

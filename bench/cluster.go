@@ -1,0 +1,322 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
+)
+
+// TicketdCluster labels the rows of ticketd in cluster mode (its wire is
+// ticketd's).
+const TicketdCluster System = "ticketd-cluster"
+
+// ClusterReport is the cluster section's setting and what it found beside
+// its rows.
+type ClusterReport struct {
+	Nodes, Shards, Conns int
+	EtcdVersion          string
+	// Leaders is each shard's leader (node id) before the failover run, as
+	// the nodes logged it; LeadersPerNode counts them per node.
+	Leaders        map[int]int
+	LeadersPerNode map[int]int
+	// DiskUse is each node's data directory on disk after every run.
+	DiskUse  map[int]int64
+	Failover *Failover
+}
+
+// Failover is the kill -9 of one node under steady load.
+type Failover struct {
+	Killed       int   // node id
+	KilledShards []int // the shards it led at the kill
+	Conns, Depth int
+	KillAfter    time.Duration // into the measured window
+	PairsPerSec  float64       // over the whole window, the kill included
+	// Gap is the target's figure: over the killed node's shards, the
+	// longer of Quiet and MaxLatency.
+	Gap time.Duration
+	// Over the killed node's shards: the longest stretch without an answer
+	// on one of them, and the longest a request on them waited for its
+	// answer after the kill; the same over the other shards; and the
+	// longest quiet stretch of any shard before the kill (the noise floor).
+	Quiet, MaxLatency           time.Duration
+	OtherQuiet, OtherMaxLatency time.Duration
+	Baseline                    time.Duration
+	Unrecovered                 []int // killed shards still quiet when the window ended
+	// The clients: connections to the killed node (and any ended with
+	// E unavailable) dialled again, how many ends were E unavailable, the
+	// requests those connections had in flight, and the longest a
+	// reconnecting connection went between answers.
+	Reconnects, Unavailable, Lost int64
+	Outage                        time.Duration
+	// NewLeaders of the killed shards, and when a surviving node first
+	// logged a leader other than the killed node for each, after the kill.
+	NewLeaders map[int]int
+	ElectedIn  map[int]time.Duration
+	Shards     []ShardGap
+	// Timeline: answers/s on the killed node's shards and on the others,
+	// in steps, with time relative to the kill (seconds).
+	Timeline struct {
+		At, Killed, Others []float64
+	}
+}
+
+// clusterCPU is the CPU time the live processes of pids have used so far;
+// a process that has gone counts no more, so a run that kills one reads low.
+func clusterCPU(pids func() []int) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		var sum time.Duration
+		for _, pid := range pids() {
+			if d, err := procCPU(pid); err == nil {
+				sum += d
+			}
+		}
+		return sum, nil
+	}
+}
+
+// cluster: ticketd's 3-node cluster mode, single mode and an etcd cluster
+// at the same clients; then the failover of a node under load.
+func (s *suite) cluster(ctx context.Context) error {
+	p := s.plan
+	cr := &ClusterReport{Nodes: p.ClusterNodes, Shards: p.ClusterShards, Conns: p.ClusterConns}
+	s.rep.Cluster = cr
+	var errs []error
+	if serverproc.SupportsCluster(s.env.Ticketd) {
+		if err := s.clusterTicketd(ctx, cr); err != nil {
+			errs = append(errs, fmt.Errorf("ticketd cluster: %w", err))
+		}
+	} else {
+		s.rep.Skipped = append(s.rep.Skipped, "ticketd cluster: this ticketd has no --peers flag (cluster mode)")
+		fmt.Fprintln(s.env.Log, "   skipping the ticketd cluster: no --peers flag")
+	}
+	if err := s.clusterSingle(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("ticketd single: %w", err))
+	}
+	if s.env.Etcd == "" {
+		s.rep.Skipped = append(s.rep.Skipped, "etcd: "+s.env.EtcdMissing)
+		fmt.Fprintf(s.env.Log, "   skipping etcd: %s\n", s.env.EtcdMissing)
+	} else if err := s.clusterEtcd(ctx, cr); err != nil {
+		errs = append(errs, fmt.Errorf("etcd: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *suite) clusterLoad(depth int, label string) Load {
+	p := s.plan
+	return Load{System: Ticketd, Conns: p.ClusterConns, Depth: depth, Warmup: p.Warmup,
+		Duration: p.ClusterDuration, Keys: Dist{Keys: p.Keys}, KeyPrefix: "k", LeaseMs: 30000, Label: label}
+}
+
+func (s *suite) clusterSingle(ctx context.Context) (err error) {
+	p := s.plan
+	srv, err := s.startTicketd("--shards", strconv.Itoa(p.ClusterShards))
+	if err != nil {
+		return err
+	}
+	defer stopInto(&err, srv)
+	for _, d := range p.ClusterDepths {
+		l := s.clusterLoad(d, fmt.Sprintf("cluster section: ticketd single depth %d", d))
+		l.Addr = srv.Addr
+		if _, err := s.run(ctx, ScenarioCluster, srv, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *suite) clusterTicketd(ctx context.Context, cr *ClusterReport) (err error) {
+	p := s.plan
+	fmt.Fprintf(s.env.Log, "-> starting %d ticketd nodes in cluster mode\n", p.ClusterNodes)
+	c, err := serverproc.StartCluster(s.env.Ticketd, p.ClusterNodes, time.Minute, "--shards", strconv.Itoa(p.ClusterShards))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cr.DiskUse = c.DiskUse()
+		if serr := c.Stop(10 * time.Second); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	settleLeaders(c, p.ClusterShards, time.Second, 15*time.Second)
+	cr.Leaders = c.Leaders()
+	cr.LeadersPerNode = map[int]int{}
+	for _, n := range cr.Leaders {
+		cr.LeadersPerNode[n]++
+	}
+	fmt.Fprintf(s.env.Log, "   shard leaders per node: %v\n", cr.LeadersPerNode)
+	pids := func() []int {
+		var out []int
+		for _, nd := range c.Nodes {
+			if !nd.Proc.Exited() {
+				out = append(out, nd.Proc.Pid())
+			}
+		}
+		return out
+	}
+	for _, d := range p.ClusterDepths {
+		l := s.clusterLoad(d, fmt.Sprintf("cluster section: ticketd %d-node cluster depth %d", p.ClusterNodes, d))
+		l.Addrs, l.Reconnect = c.Addrs(), true
+		if _, err := s.measure(ctx, ScenarioCluster, TicketdCluster, clusterCPU(pids), l, func() (*Result, error) {
+			return Run(ctx, l)
+		}); err != nil {
+			return err
+		}
+	}
+	if p.FailoverDuration > 0 {
+		return s.failover(ctx, c, cr)
+	}
+	return nil
+}
+
+// settleLeaders waits until the logs name a leader for every shard and no
+// leader changed for quiet (leaders are moved to spread them after the
+// start), at most for limit.
+func settleLeaders(c *serverproc.Cluster, shards int, quiet, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	last, since := -1, time.Now()
+	for time.Now().Before(deadline) {
+		n := len(c.LeaderChanges())
+		if n != last {
+			last, since = n, time.Now()
+		} else if len(c.Leaders()) >= shards && time.Since(since) >= quiet {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// failover kills, under steady load spread over every node, the node that
+// leads the most shards, and measures how long its shards went unanswered.
+func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *ClusterReport) error {
+	p := s.plan
+	tr := NewTrace(p.ClusterShards, time.Millisecond)
+	l := s.clusterLoad(p.FailoverDepth, fmt.Sprintf("cluster section: failover, kill -9 of a node after %s", p.FailoverKillAfter))
+	l.Addrs, l.Reconnect, l.Trace = c.Addrs(), true, tr
+	l.Duration, l.KeyPrefix, l.Progress = p.FailoverDuration, "f", s.env.Log
+	f := &Failover{Conns: l.Conns, Depth: l.Depth, KillAfter: p.FailoverKillAfter}
+	cr.Failover = f
+	var killedAt time.Time
+	killed := make(chan struct{})
+	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
+		defer close(killed)
+		leaders := c.Leaders()
+		per := map[int]int{}
+		for _, n := range leaders {
+			per[n]++
+		}
+		f.Killed = 1
+		for _, nd := range c.Nodes {
+			if per[nd.ID] > per[f.Killed] {
+				f.Killed = nd.ID
+			}
+		}
+		for sh, n := range leaders {
+			if n == f.Killed {
+				f.KilledShards = append(f.KilledShards, sh)
+			}
+		}
+		slices.Sort(f.KilledShards)
+		nd := c.Node(f.Killed)
+		fmt.Fprintf(s.env.Log, "   kill -9 node %d (pid %d), leader of shards %v\n", nd.ID, nd.Proc.Pid(), f.KilledShards)
+		tr.Mark()
+		killedAt = time.Now()
+		nd.Proc.Kill()
+	})
+	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
+	res, err := Run(ctx, l)
+	if !timer.Stop() {
+		<-killed
+	} else if err == nil {
+		err = errors.New("the run ended before the kill")
+	}
+	if err != nil {
+		return err
+	}
+	f.PairsPerSec = res.PairsPerSec()
+	f.Reconnects, f.Unavailable, f.Lost, f.Outage = res.Reconnects, res.Unavailable, res.Lost, res.Outage
+	f.Shards = tr.Gaps()
+	for _, g := range f.Shards {
+		f.Baseline = max(f.Baseline, g.Baseline)
+		if slices.Contains(f.KilledShards, g.Shard) {
+			f.Quiet, f.MaxLatency = max(f.Quiet, g.Quiet), max(f.MaxLatency, g.MaxLatency)
+			if g.Unrecovered {
+				f.Unrecovered = append(f.Unrecovered, g.Shard)
+			}
+		} else {
+			f.OtherQuiet, f.OtherMaxLatency = max(f.OtherQuiet, g.Quiet), max(f.OtherMaxLatency, g.MaxLatency)
+		}
+	}
+	f.Gap = max(f.Quiet, f.MaxLatency)
+	var others []int
+	for sh := range p.ClusterShards {
+		if !slices.Contains(f.KilledShards, sh) {
+			others = append(others, sh)
+		}
+	}
+	at, killedRate := tr.Rate(f.KilledShards, 20*time.Millisecond)
+	_, otherRate := tr.Rate(others, 20*time.Millisecond)
+	for i := range at {
+		f.Timeline.At = append(f.Timeline.At, at[i].Seconds())
+	}
+	f.Timeline.Killed, f.Timeline.Others = killedRate, otherRate
+	f.NewLeaders, f.ElectedIn = map[int]int{}, map[int]time.Duration{}
+	for _, lc := range c.LeaderChanges() {
+		if lc.Node == f.Killed || lc.Leader == 0 || lc.Leader == f.Killed || !slices.Contains(f.KilledShards, lc.Shard) {
+			continue
+		}
+		ts, ok := logTime(lc.TS)
+		if !ok || ts.Before(killedAt) {
+			continue
+		}
+		f.NewLeaders[lc.Shard] = lc.Leader
+		if d, seen := f.ElectedIn[lc.Shard]; !seen || ts.Sub(killedAt) < d {
+			f.ElectedIn[lc.Shard] = ts.Sub(killedAt)
+		}
+	}
+	fmt.Fprintf(s.env.Log, "   failover: shards %v quiet up to %s, a request on them waited up to %s (before the kill: quiet up to %s); "+
+		"other shards quiet up to %s; %d reconnects, %d E unavailable, %d requests lost with their connections, longest client outage %s\n",
+		f.KilledShards, fmtDur(f.Quiet), fmtDur(f.MaxLatency), fmtDur(f.Baseline), fmtDur(f.OtherQuiet),
+		f.Reconnects, f.Unavailable, f.Lost, fmtDur(f.Outage))
+	return nil
+}
+
+// logTime reads a zap JSON "ts": ISO 8601 text, or epoch seconds.
+func logTime(v any) (time.Time, bool) {
+	switch t := v.(type) {
+	case string:
+		for _, layout := range []string{"2006-01-02T15:04:05.000Z0700", time.RFC3339Nano} {
+			if ts, err := time.Parse(layout, t); err == nil {
+				return ts, true
+			}
+		}
+	case float64:
+		return time.Unix(0, int64(t*1e9)), true
+	}
+	return time.Time{}, false
+}
+
+func (s *suite) clusterEtcd(ctx context.Context, cr *ClusterReport) (err error) {
+	p := s.plan
+	cr.EtcdVersion = serverproc.EtcdVersion(s.env.Etcd)
+	fmt.Fprintf(s.env.Log, "-> starting a %d-member etcd cluster (%s)\n", p.ClusterNodes, cr.EtcdVersion)
+	e, err := serverproc.StartEtcd(s.env.Etcd, p.ClusterNodes, time.Minute)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := e.Stop(10 * time.Second); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	l := s.clusterLoad(1, "cluster section: etcd concurrency.Mutex Lock+Unlock")
+	l.Duration = p.EtcdDuration
+	_, err = s.measure(ctx, ScenarioCluster, Etcd, clusterCPU(e.Pids), l, func() (*Result, error) {
+		return RunEtcdMutex(ctx, e.Endpoints(), l)
+	})
+	return err
+}
