@@ -18,7 +18,7 @@ import (
 )
 
 // dedupWindow is how long (in replicated time) a batch is remembered after its
-// stamp, and the age past which a batch is refused. A proposer gives up
+// first attempt's stamp, and the age past which a batch is refused. A proposer gives up
 // retrying well within it, so a retry that commits after its first copy is
 // always recognised, and one that comes later than this is dropped unapplied.
 const dedupWindow = int64(120e9)
@@ -59,7 +59,7 @@ type fsm struct {
 	t       *shard.Table
 	now     int64             // replicated clock: largest stamp applied (state)
 	incs    map[uint32]uint64 // latest incarnation seen per node (state)
-	seen    map[batchID]int64 // deduplicated batches -> stamp (state)
+	seen    map[batchID]int64 // deduplicated batches -> first stamp (state)
 	applied uint64            // last applied log index (not state: Dragonboat keeps it)
 	refused uint64            // batches refused as stale (not state)
 	ans     []shard.Answer    // scratch
@@ -128,11 +128,11 @@ func (f *fsm) applyEntry(b []byte) error {
 		if _, dup := f.seen[id]; dup {
 			return nil
 		}
-		if h.stamp < f.now-dedupWindow {
+		if h.first < f.now-dedupWindow {
 			f.refused++ // too old to tell from a copy already applied and forgotten
 			return nil
 		}
-		f.seen[id] = h.stamp
+		f.seen[id] = h.first
 		f.forget()
 	}
 	for n := uint64(0); n < h.count; n++ {

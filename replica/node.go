@@ -120,11 +120,12 @@ type Node struct {
 	grps []*group
 	srv  atomic.Pointer[netloop.Server]
 
-	mu      sync.Mutex
-	reach   map[string]bool // raft address -> last connection attempt worked
-	closing atomic.Bool
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	mu        sync.Mutex
+	reach     map[string]bool // raft address -> last connection attempt worked
+	closing   atomic.Bool
+	closeOnce sync.Once
+	stop      chan struct{}
+	wg        sync.WaitGroup
 
 	stats nodeStats
 }
@@ -156,6 +157,8 @@ type group struct {
 	out netloop.Outbox // deliver's; the shard's apply goroutine only
 
 	leader   atomic.Uint64 // leader's node id; 0: none known
+	changeMu sync.Mutex
+	changeCh chan struct{} // closed and replaced at each leader change
 	term     atomic.Uint64
 	timerRun atomic.Bool  // a timer proposal is in flight
 	lastOK   atomic.Int64 // unix ns of the last proposal of ours that committed
@@ -389,6 +392,16 @@ func (g *group) kickNow() {
 	}
 }
 
+// leaderChanged returns a channel closed at the shard's next leader change.
+func (g *group) leaderChanged() <-chan struct{} {
+	g.changeMu.Lock()
+	defer g.changeMu.Unlock()
+	if g.changeCh == nil {
+		g.changeCh = make(chan struct{})
+	}
+	return g.changeCh
+}
+
 // proposer turns what add queued into proposals, up to maxInflight at once;
 // everything queued while they are in flight goes into the next one.
 func (g *group) proposer() {
@@ -413,10 +426,8 @@ func (g *group) proposer() {
 			}
 			id := g.next
 			g.next++
-			b := appendHeader(make([]byte, 0, 32+len(g.pend)), header{
-				node: g.n.opt.NodeID, inc: g.n.inc, batch: id, stamp: g.n.now(), count: g.pendN,
-			})
-			b = append(b, g.pend...)
+			h := header{node: g.n.opt.NodeID, inc: g.n.inc, batch: id, count: g.pendN}
+			body := append([]byte(nil), g.pend...)
 			conns, count := g.conns, g.pendN
 			g.pend, g.pendN, g.conns, g.force = g.pend[:0], 0, nil, false
 			g.mu.Unlock()
@@ -425,7 +436,7 @@ func (g *group) proposer() {
 			}
 			go func() {
 				defer func() { <-g.slots }()
-				if !g.propose(b, true) {
+				if !g.propose(h, body, true) {
 					g.n.fail(conns)
 				}
 			}()
@@ -433,12 +444,16 @@ func (g *group) proposer() {
 	}
 }
 
-// propose gets b committed, retrying a proposal that timed out or was
+// propose gets a batch committed, retrying a proposal that timed out or was
 // dropped (a retry of a batch already applied is recognised by its id) until
-// the unavailable timeout. With give up false it retries until the node stops.
-func (g *group) propose(b []byte, giveUp bool) bool {
+// the unavailable timeout, or with giveUp false until the node stops. A
+// proposal in flight when the shard's leader changes was likely lost with
+// the old leader: it is retried at once rather than at its timeout. Every
+// attempt is a new buffer (Dragonboat may still hold the last one).
+func (g *group) propose(h header, body []byte, giveUp bool) bool {
 	n := g.n
 	start := time.Now()
+	h.first = n.now()
 	n.stats.proposals.Add(1)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -447,6 +462,9 @@ func (g *group) propose(b []byte, giveUp bool) bool {
 				return false
 			}
 		}
+		h.stamp = max(h.first, n.now())
+		b := append(appendHeader(make([]byte, 0, 40+len(body)), h), body...)
+		changed := g.leaderChanged()
 		rs, err := n.nh.Propose(g.sess, b, n.opt.ProposeTimeout)
 		if err != nil {
 			if errors.Is(err, dragonboat.ErrClosed) || n.closing.Load() && errors.Is(err, dragonboat.ErrShardClosed) {
@@ -460,7 +478,21 @@ func (g *group) propose(b []byte, giveUp bool) bool {
 			}
 			continue
 		}
-		r := <-rs.ResultC()
+		var r dragonboat.RequestResult
+		select {
+		case r = <-rs.ResultC():
+		case <-changed:
+			// Abandoned, not released: its result may still come.
+			if g.leader.Load() == 0 {
+				select { // no leader yet: the next change, or the timeout
+				case r = <-rs.ResultC():
+				case <-g.leaderChanged():
+					continue
+				}
+				break
+			}
+			continue
+		}
 		rs.Release()
 		switch {
 		case r.Completed():
@@ -555,12 +587,10 @@ func (n *Node) timerLoop() {
 				continue
 			}
 			n.stats.expiries.Add(int64(count))
-			entry := appendHeader(make([]byte, 0, 32+len(b)), header{node: n.opt.NodeID, inc: n.inc, stamp: now, count: count})
-			entry = append(entry, b...)
 			g.timerRun.Store(true)
 			go func() {
 				defer g.timerRun.Store(false)
-				g.propose(entry, true)
+				g.propose(header{node: n.opt.NodeID, inc: n.inc, count: count}, b, true)
 			}()
 		}
 	}
@@ -646,6 +676,12 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	prev := g.leader.Swap(info.LeaderID)
 	g.term.Store(info.Term)
 	if prev != info.LeaderID {
+		g.changeMu.Lock()
+		if g.changeCh != nil {
+			close(g.changeCh)
+			g.changeCh = nil
+		}
+		g.changeMu.Unlock()
 		n.stats.leaderChanges.Add(1)
 		n.log.Info("shard leader changed",
 			zap.Int("shard", g.idx), zap.Uint64("term", info.Term),
@@ -728,10 +764,13 @@ func (n *Node) Stats() shard.Stats {
 	return s
 }
 
-// Shutdown ends this node's queued acquires through the log (they are
-// answered T, within ctx), stops proposing, and closes the NodeHost. Locks
-// stay held in the cluster. The caller stops the network side afterwards.
-func (n *Node) Shutdown(ctx context.Context) error {
+// Quiesce stops taking requests and ends this node's queued acquires
+// through the log: they are answered T (within one proposal timeout) before
+// the network side closes their connections. Locks stay held in the cluster.
+func (n *Node) Quiesce() {
+	if n.closing.Swap(true) {
+		return
+	}
 	var wg sync.WaitGroup
 	for _, g := range n.grps {
 		f := g.fsm.Load()
@@ -741,54 +780,80 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		f.mu.Lock()
 		cmds := f.t.Waiting(n.opt.NodeID, nil)
 		var b []byte
+		count := uint64(0)
 		for i := range cmds {
 			if cmds[i].From.Conn>>connBits == n.inc {
 				b = appendCommand(b, &cmds[i])
+				count++
 			}
 		}
-		count := uint64(len(cmds))
 		f.mu.Unlock()
-		if len(b) == 0 {
+		if count == 0 {
 			continue
 		}
-		entry := appendHeader(nil, header{node: n.opt.NodeID, inc: n.inc, stamp: n.now(), count: count})
+		now := n.now()
+		entry := appendHeader(nil, header{node: n.opt.NodeID, inc: n.inc, first: now, stamp: now, count: count})
 		entry = append(entry, b...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rs, err := n.nh.Propose(g.sess, entry, min(n.opt.ProposeTimeout, time.Until(deadlineOf(ctx))))
-			if err == nil {
+			if rs, err := n.nh.Propose(g.sess, entry, n.opt.ProposeTimeout); err == nil {
 				<-rs.ResultC()
 				rs.Release()
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// Shutdown waits (within ctx) for what is queued or in flight to commit,
+// such as the release of grants that could not be delivered, then closes the
+// NodeHost. Call it after the network side has closed its connections.
+func (n *Node) Shutdown(ctx context.Context) error {
 	n.closing.Store(true)
-	close(n.stop)
-	n.wg.Wait()
-	n.nh.Close()
-	n.dir.close()
+	for !n.idle() {
+		select {
+		case <-ctx.Done():
+			n.log.Warn("stopping with proposals in flight", zap.Error(ctx.Err()))
+			n.Close()
+			return nil
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	n.Close()
 	return nil
 }
 
-func deadlineOf(ctx context.Context) time.Time {
-	if d, ok := ctx.Deadline(); ok {
-		return d
+func (n *Node) idle() bool {
+	for _, g := range n.grps {
+		g.mu.Lock()
+		busy := g.pendN > 0 || len(g.slots) > 0
+		g.mu.Unlock()
+		if busy {
+			return false
+		}
 	}
-	return time.Now().Add(time.Hour)
+	return true
 }
 
-// Close stops the node without ending its waits (start-up failures, tests).
-func (n *Node) Close() {
-	if n.closing.Swap(true) {
-		return
-	}
-	close(n.stop)
-	n.wg.Wait()
-	n.nh.Close()
-	n.dir.close()
+// Close stops the node at once (start-up failures, tests).
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		n.closing.Store(true)
+		close(n.stop)
+		n.wg.Wait()
+		n.nh.Close()
+		n.dir.close()
+	})
+	return nil
 }
+
+// Failed is never closed: a node that cannot write its log stops inside
+// Dragonboat, which halts the process.
+func (n *Node) Failed() <-chan struct{} { return nil }
+
+// Err is nil: see Failed.
+func (n *Node) Err() error { return nil }
 
 // System events (raftio.ISystemEventListener): only connection outcomes are
 // used, to tell whether a peer is worth handing leadership to.

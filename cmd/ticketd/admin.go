@@ -3,16 +3,17 @@ package main
 import (
 	"context"
 	"fmt"
+	stdlog "log"
 	"net"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/ticketd/ticketd/netloop"
 	"github.com/ticketd/ticketd/pprof"
 	"github.com/ticketd/ticketd/shard"
-	"github.com/ticketd/ticketd/single"
 )
 
 // admin is the optional admin listener; a nil *admin is off and every
@@ -26,7 +27,13 @@ type admin struct {
 
 	mu      sync.Mutex
 	readyOK bool
+	readyFn func() bool // the mode's own readiness (cluster: a leader known for every shard)
 }
+
+// The admin listener's connections (and its listener) come out of
+// descriptorReserve: keep most of the reserve for the data dir, the event
+// loops' pollers and the lock listener. This fails to compile otherwise.
+const _ = uint(descriptorReserve/2 - pprof.DefaultMaxConns - 1)
 
 func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 	if cfg.admin == "" {
@@ -36,7 +43,8 @@ func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot listen on --admin %s: %w", cfg.admin, err)
 	}
-	a := &admin{a: pprof.New(), ln: ln, log: log}
+	warnIfExposed(log, ln.Addr())
+	a := &admin{a: pprof.NewWith(pprof.Options{ErrorLog: httpErrorLog(log)}), ln: ln, log: log}
 	a.lat = a.a.Histogram("ticketd_batch_latency_seconds",
 		"Time from reading a batch of frames to writing its answers.", nil)
 	a.sweep = a.a.Histogram("ticketd_sweep_duration_seconds",
@@ -48,6 +56,33 @@ func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 	}()
 	log.Info("admin listening", zap.String("addr", ln.Addr().String()))
 	return a, nil
+}
+
+// warnIfExposed warns when the admin listener is reachable from other
+// hosts: it serves profiles, the command line and the mode's status pages
+// to anyone, without authentication.
+func warnIfExposed(log *zap.Logger, addr net.Addr) {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok || tcp.IP.IsLoopback() {
+		return
+	}
+	where := "an address other hosts may reach"
+	if tcp.IP.IsUnspecified() {
+		where = "every interface"
+	}
+	log.Warn("the admin listener is on "+where+"; it serves profiles and the command line without authentication: bind --admin to 127.0.0.1 or firewall it",
+		zap.String("addr", addr.String()))
+}
+
+// httpErrorLog is net/http's error log for the admin listener (accept
+// errors, a handler's panic, malformed requests), through the logger so
+// that --log-format json holds for these lines too.
+func httpErrorLog(log *zap.Logger) *stdlog.Logger {
+	l := log.Named("admin")
+	if std, err := zap.NewStdLogAt(l, zapcore.WarnLevel); err == nil {
+		return std
+	}
+	return zap.NewStdLog(l)
 }
 
 func (a *admin) latency() netloop.Observer {
@@ -66,13 +101,17 @@ func (a *admin) sweeps() netloop.Observer {
 
 func (a *admin) isReady() bool {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.readyOK
+	ok, fn := a.readyOK, a.readyFn
+	a.mu.Unlock()
+	return ok && (fn == nil || fn())
 }
+
+// tableSource is what the admin side reads of a mode.
+type tableSource interface{ Stats() shard.Stats }
 
 // ready registers the gauges and counters, read at scrape time from what the
 // server keeps anyway, and marks the server ready.
-func (a *admin) ready(srv *netloop.Server, r *single.Runner) {
+func (a *admin) ready(srv *netloop.Server, r tableSource) {
 	if a == nil {
 		return
 	}
@@ -118,6 +157,11 @@ func (a *admin) ready(srv *netloop.Server, r *single.Runner) {
 	c("ticketd_handovers_total", "Grants to a queued acquire, on release or lease end.", tab(func(s shard.Stats) uint64 { return s.HandOvers }))
 	c("ticketd_expiries_total", "Leases that ended without a release.", tab(func(s shard.Stats) uint64 { return s.Expiries }))
 	c("ticketd_swept_total", "Expired keys deleted by the sweep.", tab(func(s shard.Stats) uint64 { return s.Swept }))
+	if rd, ok := r.(interface{ Ready() bool }); ok {
+		a.mu.Lock()
+		a.readyFn = rd.Ready
+		a.mu.Unlock()
+	}
 	a.mu.Lock()
 	a.readyOK = true
 	a.mu.Unlock()

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+
+	"github.com/ticketd/ticketd/netloop"
 )
 
 // config is the server's configuration, checked once at start.
@@ -33,6 +35,9 @@ type config struct {
 	version          bool
 	shutdownTimeout  time.Duration
 	recoverDamaged   bool
+	cluster          clusterFlags
+	idleTimeout      time.Duration
+	frameTimeout     time.Duration
 
 	level zapcore.Level
 }
@@ -70,6 +75,9 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a clean shutdown may take before the process exits 1 without a snapshot")
 	fs.BoolVar(&c.recoverDamaged, "recover-damaged-data-dir", false,
 		"start on a data dir whose state cannot be read back whole: set the damaged files aside, grant nothing for --max-lease plus 2s, restart tokens above the current unix time in ns")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", netloop.DefaultIdleTimeout, "close a connection with nothing pending that has sent nothing for this long (0: never)")
+	fs.DurationVar(&c.frameTimeout, "frame-timeout", netloop.DefaultFrameTimeout, "close a connection whose unfinished line has waited this long for its end (0: never)")
+	c.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -156,6 +164,18 @@ func (c *config) validate() error {
 		c.maxConns = max(fit, 16)
 	case c.maxConns > fit:
 		return bad("max-conns", "%d does not fit under the process's descriptor limit of %d (at most %d; raise `ulimit -n` first)", c.maxConns, limit, fit)
+	}
+	if c.idleTimeout < 0 {
+		return bad("idle-timeout", "%v must not be negative", c.idleTimeout)
+	}
+	if c.frameTimeout < 0 {
+		return bad("frame-timeout", "%v must not be negative", c.frameTimeout)
+	}
+	if err := c.cluster.validate(bad); err != nil {
+		return err
+	}
+	if c.cluster.enabled() && c.recoverDamaged {
+		return bad("recover-damaged-data-dir", "is for single mode; a cluster node whose data dir is lost rejoins as README says")
 	}
 	return nil
 }

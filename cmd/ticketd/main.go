@@ -23,6 +23,7 @@ import (
 
 	"github.com/ticketd/ticketd/codec"
 	"github.com/ticketd/ticketd/netloop"
+	"github.com/ticketd/ticketd/shard"
 	"github.com/ticketd/ticketd/single"
 )
 
@@ -64,45 +65,30 @@ func run(args []string, stderr io.Writer) int {
 	return 0
 }
 
+// backend is a mode as the binary sees it: the network side's Backend
+// plus its life cycle and figures.
+type backend interface {
+	netloop.Backend
+	backendStopper
+	Attach(srv *netloop.Server)
+	Failed() <-chan struct{}
+	Stats() shard.Stats
+}
+
 func serve(cfg *config, log *zap.Logger) error {
 	adm, err := startAdmin(cfg, log)
 	if err != nil {
 		return err
 	}
-	runner, err := single.Open(single.Options{
-		DataDir:          cfg.dataDir,
-		Shards:           cfg.shards,
-		MaxKeys:          cfg.maxKeys,
-		MaxWaitersPerKey: cfg.maxWaitersPerKey,
-		MaxWaiters:       cfg.maxWaiters,
-		SweepInterval:    cfg.sweepInterval,
-		Logger:           log,
-		SweepObserver:    adm.sweeps(),
-		MaxLease:         cfg.maxLease,
-		RecoverDamaged:   cfg.recoverDamaged,
-	})
+	var runner backend
+	if cfg.cluster.enabled() {
+		runner, err = openCluster(cfg, log, adm)
+	} else {
+		runner, err = openSingle(cfg, log, adm)
+	}
 	if err != nil {
 		adm.stop(context.Background())
-		if errors.Is(err, single.ErrDamaged) {
-			err = fmt.Errorf("%w. Starting on it could grant a lock that is still held or repeat a token; nothing was written to it. "+
-				"Restore the data dir from a backup, or start once with --recover-damaged-data-dir (and --max-lease at least as long as any earlier run's): "+
-				"the damaged files are set aside, no key is granted for --max-lease plus 2s, and tokens restart above the current time in unix nanoseconds", err)
-		}
 		return err
-	}
-	switch {
-	case runner.Recovered != nil:
-		log.Warn("recovered a damaged data dir",
-			zap.Strings("damage", runner.Recovered),
-			zap.Strings("set_aside", runner.SetAside),
-			zap.Uint64("tokens_above", runner.TokenFloor),
-			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
-	case runner.Crashed:
-		log.Warn("last run did not shut down cleanly",
-			zap.Uint64("tokens_above", runner.TokenFloor),
-			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
-	case runner.Restored > 0:
-		log.Info("restored locks from clean shutdown", zap.Int("keys", runner.Restored))
 	}
 
 	ln, err := net.Listen("tcp", cfg.listen)
@@ -112,13 +98,15 @@ func serve(cfg *config, log *zap.Logger) error {
 		return fmt.Errorf("cannot listen on --listen %s: %w", cfg.listen, err)
 	}
 	srv, err := netloop.New(netloop.Config{
-		Backend:     runner,
-		Limits:      codec.Limits{MaxLeaseMs: ms(cfg.maxLease), MaxWaitMs: ms(cfg.maxWait)},
-		MaxConns:    cfg.maxConns,
-		MaxInflight: cfg.maxInflight,
-		Loops:       cfg.loops,
-		Logger:      log.Named("gnet").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)),
-		Latency:     adm.latency(),
+		Backend:      runner,
+		Limits:       codec.Limits{MaxLeaseMs: ms(cfg.maxLease), MaxWaitMs: ms(cfg.maxWait)},
+		MaxConns:     cfg.maxConns,
+		MaxInflight:  cfg.maxInflight,
+		Loops:        cfg.loops,
+		Logger:       log.Named("gnet").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)),
+		Latency:      adm.latency(),
+		IdleTimeout:  cfg.idleTimeout,
+		FrameTimeout: cfg.frameTimeout,
 	})
 	if err != nil {
 		_ = ln.Close()
@@ -135,8 +123,13 @@ func serve(cfg *config, log *zap.Logger) error {
 		return err
 	}
 	adm.ready(srv, runner)
+	mode := zap.String("mode", "single")
+	if cfg.cluster.enabled() {
+		mode = zap.String("mode", fmt.Sprintf("cluster, node %d of %d", cfg.cluster.nodeID, len(cfg.cluster.peers)))
+	}
 	log.Info("listening",
 		zap.String("addr", ln.Addr().String()),
+		mode,
 		zap.String("data_dir", cfg.dataDir),
 		zap.Int("shards", cfg.shards),
 		zap.Int("max_conns", cfg.maxConns),
@@ -174,6 +167,45 @@ func serve(cfg *config, log *zap.Logger) error {
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// openSingle opens single mode's runner and says what the last run left.
+func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
+	runner, err := single.Open(single.Options{
+		DataDir:          cfg.dataDir,
+		Shards:           cfg.shards,
+		MaxKeys:          cfg.maxKeys,
+		MaxWaitersPerKey: cfg.maxWaitersPerKey,
+		MaxWaiters:       cfg.maxWaiters,
+		SweepInterval:    cfg.sweepInterval,
+		Logger:           log,
+		SweepObserver:    adm.sweeps(),
+		MaxLease:         cfg.maxLease,
+		RecoverDamaged:   cfg.recoverDamaged,
+	})
+	if err != nil {
+		if errors.Is(err, single.ErrDamaged) {
+			err = fmt.Errorf("%w. Starting on it could grant a lock that is still held or repeat a token; nothing was written to it. "+
+				"Restore the data dir from a backup, or start once with --recover-damaged-data-dir (and --max-lease at least as long as any earlier run's): "+
+				"the damaged files are set aside, no key is granted for --max-lease plus 2s, and tokens restart above the current time in unix nanoseconds", err)
+		}
+		return nil, err
+	}
+	switch {
+	case runner.Recovered != nil:
+		log.Warn("recovered a damaged data dir",
+			zap.Strings("damage", runner.Recovered),
+			zap.Strings("set_aside", runner.SetAside),
+			zap.Uint64("tokens_above", runner.TokenFloor),
+			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
+	case runner.Crashed:
+		log.Warn("last run did not shut down cleanly",
+			zap.Uint64("tokens_above", runner.TokenFloor),
+			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
+	case runner.Restored > 0:
+		log.Info("restored locks from clean shutdown", zap.Int("keys", runner.Restored))
+	}
+	return runner, nil
 }
 
 // netStopper and backendStopper are what the shutdown needs of the network

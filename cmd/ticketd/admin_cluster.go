@@ -1,0 +1,51 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"github.com/ticketd/ticketd/replica"
+)
+
+// clusterObservers are the histograms of cluster mode's proposals.
+func (a *admin) clusterObservers() (propose, batch replica.Observer) {
+	if a == nil {
+		return nil, nil
+	}
+	p := a.a.Histogram("ticketd_raft_propose_seconds",
+		"Time from proposing a batch of commands to its commit and apply on this node.", nil)
+	b := a.a.Histogram("ticketd_raft_batch_commands",
+		"Commands per proposed batch.", []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096})
+	return p, b
+}
+
+// cluster registers cluster mode's figures and its status page.
+func (a *admin) cluster(n *replica.Node) {
+	if a == nil {
+		return
+	}
+	c := func(f func(replica.Counters) int64) func() float64 {
+		return func() float64 { return float64(f(n.Counters())) }
+	}
+	a.a.CounterFunc("ticketd_raft_proposals_total", "Batches proposed.", c(func(s replica.Counters) int64 { return s.Proposals }))
+	a.a.CounterFunc("ticketd_raft_proposal_retries_total", "Proposal attempts after a timeout or drop.", c(func(s replica.Counters) int64 { return s.Retries }))
+	a.a.CounterFunc("ticketd_unavailable_total", "Connections closed with E unavailable.", c(func(s replica.Counters) int64 { return s.Unavailable }))
+	a.a.CounterFunc("ticketd_expiries_committed_total", "Expire and WaitTimeout commands this node proposed as a shard leader.", c(func(s replica.Counters) int64 { return s.TimerCommands }))
+	a.a.CounterFunc("ticketd_leader_changes_total", "Leadership changes seen, over all shards.", c(func(s replica.Counters) int64 { return s.LeaderChanges }))
+	for i := range n.Status(false) {
+		shard := strconv.Itoa(i)
+		st := func(f func(replica.ShardStatus) uint64) func() float64 {
+			return func() float64 { return float64(f(n.Status(false)[i])) }
+		}
+		a.a.GaugeFunc("ticketd_shard_leader", "Node id of the shard's leader as this node knows it (0: none).", st(func(s replica.ShardStatus) uint64 { return s.Leader }), "shard", shard)
+		a.a.GaugeFunc("ticketd_shard_term", "Raft term of the shard.", st(func(s replica.ShardStatus) uint64 { return s.Term }), "shard", shard)
+		a.a.GaugeFunc("ticketd_shard_applied_index", "Last log index of the shard applied on this node.", st(func(s replica.ShardStatus) uint64 { return s.Applied }), "shard", shard)
+	}
+	// Every replica's state digest at its applied index, for checks that
+	// the replicas agree (it serialises each table: not for frequent use).
+	a.a.Handle("/debug/cluster", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(n.Status(r.URL.Query().Get("digest") == "1"))
+	}))
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ticketd/ticketd/replica"
+)
+
+// clusterFlags are cluster mode's flags; cluster mode is on when --peers is
+// given.
+type clusterFlags struct {
+	nodeID             uint
+	peersFlag          string
+	maxClockSkew       time.Duration
+	unavailableTimeout time.Duration
+	raftRTT            time.Duration
+	electionRTT        uint
+	clockOffsetFile    string
+
+	peers map[uint32]string
+}
+
+func (c *clusterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.peersFlag, "peers", "", "cluster mode: every node's raft address by id, as 1=host:port,2=host:port,3=host:port (this node's included); off: single mode")
+	fs.UintVar(&c.nodeID, "node-id", 0, "cluster mode: this node's id among --peers")
+	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", 500*time.Millisecond, "cluster mode: the most node clocks may differ; a lease ends this long after its deadline on the leader's clock")
+	fs.DurationVar(&c.unavailableTimeout, "unavailable-timeout", 5*time.Second, "cluster mode: how long a request may wait for a shard without quorum before its connection gets E unavailable")
+	fs.DurationVar(&c.raftRTT, "raft-rtt", 10*time.Millisecond, "cluster mode: the raft tick (a round trip between nodes, or more)")
+	fs.UintVar(&c.electionRTT, "election-rtt", 30, "cluster mode: election timeout in raft ticks")
+	fs.StringVar(&c.clockOffsetFile, "unsafe-test-clock-offset-file", "", "FOR TESTS ONLY: read a signed offset (e.g. -1.5s) from this file every 50ms and add it to the wall clock this node stamps and times leases by")
+}
+
+func (c *clusterFlags) enabled() bool { return c.peersFlag != "" }
+
+func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error) error {
+	if !c.enabled() {
+		if c.nodeID != 0 {
+			return bad("node-id", "given without --peers")
+		}
+		return nil
+	}
+	c.peers = make(map[uint32]string)
+	for _, p := range strings.Split(c.peersFlag, ",") {
+		id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
+		n, err := strconv.ParseUint(id, 10, 32)
+		if !ok || err != nil || n == 0 {
+			return bad("peers", "%q is not id=host:port with a positive id", p)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return bad("peers", "%q: %q is not host:port", p, addr)
+		}
+		if _, dup := c.peers[uint32(n)]; dup {
+			return bad("peers", "node %d named twice", n)
+		}
+		c.peers[uint32(n)] = addr
+	}
+	if len(c.peers) < 3 || len(c.peers)%2 == 0 {
+		return bad("peers", "%d nodes; a cluster has an odd number of nodes, at least 3", len(c.peers))
+	}
+	if _, ok := c.peers[uint32(c.nodeID)]; !ok || c.nodeID == 0 {
+		return bad("node-id", "%d is not among --peers", c.nodeID)
+	}
+	if c.maxClockSkew <= 0 {
+		return bad("max-clock-skew", "%v must be positive", c.maxClockSkew)
+	}
+	if c.unavailableTimeout < 100*time.Millisecond || c.unavailableTimeout > 30*time.Second {
+		return bad("unavailable-timeout", "%v is not between 100ms and 30s", c.unavailableTimeout)
+	}
+	if c.raftRTT < time.Millisecond {
+		return bad("raft-rtt", "%v must be at least 1ms", c.raftRTT)
+	}
+	if c.electionRTT < 5 {
+		return bad("election-rtt", "%d must be at least 5", c.electionRTT)
+	}
+	return nil
+}
+
+// testClock is the wall clock plus an offset read from a file: tests play a
+// node whose clock is off, or jumps, without touching the machine's clock
+// (Go reads time through the vDSO, so faketime cannot).
+type testClock struct {
+	off atomic.Int64
+}
+
+func newTestClock(file string, stop <-chan struct{}) (*testClock, error) {
+	c := &testClock{}
+	read := func() error {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "" {
+			c.off.Store(0)
+			return nil
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("--unsafe-test-clock-offset-file %s: %w", file, err)
+		}
+		c.off.Store(int64(d))
+		return nil
+	}
+	if err := read(); err != nil {
+		return nil, err
+	}
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				_ = read() // a file being rewritten keeps the last offset
+			}
+		}
+	}()
+	return c, nil
+}
+
+func (c *testClock) now() int64 { return time.Now().UnixNano() + c.off.Load() }
+
+func (c *clusterFlags) options(cfg *config) replica.Options {
+	return replica.Options{
+		NodeID:             uint32(c.nodeID),
+		Peers:              c.peers,
+		DataDir:            cfg.dataDir,
+		Shards:             cfg.shards,
+		MaxKeys:            cfg.maxKeys,
+		MaxWaitersPerKey:   cfg.maxWaitersPerKey,
+		MaxWaiters:         cfg.maxWaiters,
+		RTT:                c.raftRTT,
+		ElectionRTT:        uint64(c.electionRTT),
+		MaxClockSkew:       c.maxClockSkew,
+		UnavailableTimeout: c.unavailableTimeout,
+	}
+}
+
+// openCluster starts this node of the cluster: its raft node host and a
+// replica of every shard.
+func openCluster(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
+	opt := cfg.cluster.options(cfg)
+	opt.Logger = log
+	opt.ProposeSeconds, opt.BatchCommands = adm.clusterObservers()
+	if f := cfg.cluster.clockOffsetFile; f != "" {
+		stop := make(chan struct{}) // the clock lives as long as the process
+		clk, err := newTestClock(f, stop)
+		if err != nil {
+			return nil, err
+		}
+		opt.Clock = clk.now
+		log.Warn("the wall clock is offset from a file: for tests only", zap.String("file", f))
+	}
+	n, err := replica.Start(opt)
+	if err != nil {
+		return nil, err
+	}
+	adm.cluster(n)
+	return n, nil
+}
