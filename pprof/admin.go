@@ -2,6 +2,12 @@
 // /debug/pprof/, Prometheus metrics under /metrics, and the probes /healthz and
 // /readyz.
 //
+// The listener is bounded so that it cannot take what the lock port needs:
+// at most Options.MaxConns connections at once (more wait in the kernel's
+// accept backlog, holding no descriptor of the process), timeouts on every
+// phase of a request and on idle keep-alive connections, and profiles and
+// traces of at most Options.MaxProfile that Shutdown cuts short.
+//
 // It imports nothing of ticketd. The server registers its figures at start as
 // functions the scrape calls (CounterFunc, GaugeFunc), reading values it already
 // keeps, and observes into histograms (Histogram), which are lock-free; so the
@@ -13,11 +19,18 @@ package pprof
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log"
+	"math"
 	"net"
 	"net/http"
 	httppprof "net/http/pprof"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/netutil"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -29,35 +42,97 @@ import (
 // queued behind several leases in the last.
 var LatencyBuckets = prometheus.ExponentialBuckets(10e-6, 2, 18)
 
+// Defaults for the zero fields of Options.
+const (
+	// DefaultMaxConns is far above what scrapes, probes and a profile
+	// need, and small next to the descriptors a server keeps free of lock
+	// clients for everything that is not a lock client.
+	DefaultMaxConns          = 64
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 10 * time.Second
+	// DefaultWriteTimeout is counted from the end of the request's
+	// headers; profile and trace handlers add their seconds to it.
+	DefaultWriteTimeout = 30 * time.Second
+	DefaultIdleTimeout  = 30 * time.Second
+	DefaultMaxProfile   = 60 * time.Second
+)
+
+// Options bound the admin listener; a zero field takes its default.
+type Options struct {
+	// MaxConns is how many connections are open at once. Beyond it the
+	// listener stops accepting: new connections wait in the kernel's
+	// accept backlog, which costs the process no descriptor, and are
+	// served as slots free up (idle ones close after IdleTimeout).
+	MaxConns          int
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	// IdleTimeout closes a keep-alive connection that sent no new request.
+	IdleTimeout time.Duration
+	// MaxProfile is the largest ?seconds= of a profile, trace or delta
+	// profile; a larger one is answered 400.
+	MaxProfile time.Duration
+	// ErrorLog receives net/http's own error lines and the metrics
+	// handler's (nil: the standard logger, as net/http does).
+	ErrorLog *log.Logger
+}
+
+func (o Options) withDefaults() Options {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	def(&o.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&o.ReadTimeout, DefaultReadTimeout)
+	def(&o.WriteTimeout, DefaultWriteTimeout)
+	def(&o.IdleTimeout, DefaultIdleTimeout)
+	def(&o.MaxProfile, DefaultMaxProfile)
+	return o
+}
+
 // Admin is the admin listener. Register metrics before Serve; registration
 // methods are not safe for use concurrently with each other, everything else is.
 type Admin struct {
-	reg *prometheus.Registry
-	mux *http.ServeMux
+	reg  *prometheus.Registry
+	mux  *http.ServeMux
+	opts Options
 
 	mu     sync.Mutex
 	srv    *http.Server
-	closed bool // Shutdown was called: a later Serve returns at once
+	cancel context.CancelFunc // ends every request's context: Shutdown's first step
+	closed bool               // Shutdown was called: a later Serve returns at once
 	ready  func() bool
 }
 
-// New returns an Admin whose registry already holds the Go runtime and
+// New returns an Admin with the default Options.
+func New() *Admin { return NewWith(Options{}) }
+
+// NewWith returns an Admin whose registry already holds the Go runtime and
 // process collectors (goroutines, GC, resident memory, open descriptors).
-func New() *Admin {
-	a := &Admin{reg: prometheus.NewRegistry(), mux: http.NewServeMux()}
+func NewWith(o Options) *Admin {
+	a := &Admin{reg: prometheus.NewRegistry(), mux: http.NewServeMux(), opts: o.withDefaults()}
 	a.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 
-	a.mux.HandleFunc("/debug/pprof/", httppprof.Index) // named profiles too: heap, allocs, goroutine, ...
+	bounded := func(h http.HandlerFunc) http.Handler { return a.boundSeconds(h) }
+	a.mux.Handle("/debug/pprof/", bounded(httppprof.Index)) // named profiles too: heap, allocs, goroutine, ...; ?seconds= gives a delta
 	a.mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
-	a.mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+	a.mux.Handle("/debug/pprof/profile", bounded(httppprof.Profile))
 	a.mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
-	a.mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
-	a.mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
+	a.mux.Handle("/debug/pprof/trace", bounded(httppprof.Trace))
+	ho := promhttp.HandlerOpts{
 		ErrorHandling: promhttp.ContinueOnError, // one failing collector must not hide the rest
-	}))
+	}
+	if a.opts.ErrorLog != nil {
+		ho.ErrorLog = a.opts.ErrorLog
+	}
+	a.mux.Handle("/metrics", promhttp.HandlerFor(a.reg, ho))
 	a.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		plain(w, http.StatusOK, "ok\n")
 	})
@@ -69,6 +144,24 @@ func New() *Admin {
 		plain(w, http.StatusServiceUnavailable, "not ready\n")
 	})
 	return a
+}
+
+// boundSeconds answers 400 to a ?seconds= that is not a number or is above
+// MaxProfile; below it, the handler sleeps that long holding a connection
+// (and, for a CPU profile, the process's only profiler).
+func (a *Admin) boundSeconds(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := r.FormValue("seconds") // what the pprof handlers read
+		if v != "" {
+			sec, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if limit := a.opts.MaxProfile.Seconds(); err != nil || math.IsNaN(sec) || sec > limit {
+				plain(w, http.StatusBadRequest, fmt.Sprintf(
+					"seconds=%.40q is not allowed: profiles and traces run for at most %gs on this server\n", v, limit))
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func plain(w http.ResponseWriter, code int, body string) {
@@ -160,44 +253,54 @@ var ErrServing = errors.New("pprof: admin listener already serving")
 // (nil: always); ready is called once per probe, from the probe's goroutine.
 // Serve takes ownership of ln.
 func (a *Admin) Serve(ln net.Listener, ready func() bool) error {
+	base, cancel := context.WithCancel(context.Background())
 	srv := &http.Server{
 		Handler:           a.mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		// No WriteTimeout: /debug/pprof/profile?seconds=N writes after N seconds.
+		ReadHeaderTimeout: a.opts.ReadHeaderTimeout,
+		ReadTimeout:       a.opts.ReadTimeout,
+		WriteTimeout:      a.opts.WriteTimeout,
+		IdleTimeout:       a.opts.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          a.opts.ErrorLog,
+		BaseContext:       func(net.Listener) context.Context { return base },
 	}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
+		cancel()
 		ln.Close()
 		return nil
 	}
 	if a.srv != nil {
 		a.mu.Unlock()
+		cancel()
 		ln.Close()
 		return ErrServing
 	}
-	a.srv, a.ready = srv, ready
+	a.srv, a.cancel, a.ready = srv, cancel, ready
 	a.mu.Unlock()
 
-	err := srv.Serve(ln)
+	err := srv.Serve(netutil.LimitListener(ln, a.opts.MaxConns))
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
 	return err
 }
 
-// Shutdown stops Serve: it closes the listener at once and waits for requests
-// in progress until ctx ends (a CPU profile may be one of them), then cuts
+// Shutdown stops Serve: it closes the listener at once, ends the context of
+// every request in progress (a running profile or trace stops and writes
+// what it has), and waits for their answers until ctx ends, then cuts
 // those still open. After Shutdown, Serve returns at once; a second Shutdown
 // does nothing.
 func (a *Admin) Shutdown(ctx context.Context) error {
 	a.mu.Lock()
-	srv := a.srv
+	srv, cancel := a.srv, a.cancel
 	a.closed = true
 	a.mu.Unlock()
 	if srv == nil {
 		return nil
 	}
+	cancel()
 	err := srv.Shutdown(ctx)
 	if err != nil {
 		srv.Close()
