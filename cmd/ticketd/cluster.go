@@ -24,6 +24,7 @@ type clusterFlags struct {
 	unavailableTimeout time.Duration
 	raftRTT            time.Duration
 	electionRTT        uint
+	snapshotEntries    uint64
 	clockOffsetFile    string
 
 	peers map[uint32]string
@@ -36,6 +37,7 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.unavailableTimeout, "unavailable-timeout", 5*time.Second, "cluster mode: how long a request may wait for a shard without quorum before its connection gets E unavailable")
 	fs.DurationVar(&c.raftRTT, "raft-rtt", 10*time.Millisecond, "cluster mode: the raft tick (a round trip between nodes, or more)")
 	fs.UintVar(&c.electionRTT, "election-rtt", 30, "cluster mode: election timeout in raft ticks")
+	fs.Uint64Var(&c.snapshotEntries, "raft-snapshot-entries", 20000, "cluster mode: log entries per shard between snapshots (a lagging node catches up from the latest one)")
 	fs.StringVar(&c.clockOffsetFile, "unsafe-test-clock-offset-file", "", "FOR TESTS ONLY: read a signed offset (e.g. -1.5s) from this file every 50ms and add it to the wall clock this node stamps and times leases by")
 }
 
@@ -80,6 +82,9 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 	}
 	if c.electionRTT < 5 {
 		return bad("election-rtt", "%d must be at least 5", c.electionRTT)
+	}
+	if c.snapshotEntries < 10 {
+		return bad("raft-snapshot-entries", "%d must be at least 10", c.snapshotEntries)
 	}
 	return nil
 }
@@ -143,6 +148,7 @@ func (c *clusterFlags) options(cfg *config) replica.Options {
 		ElectionRTT:        uint64(c.electionRTT),
 		MaxClockSkew:       c.maxClockSkew,
 		UnavailableTimeout: c.unavailableTimeout,
+		SnapshotEntries:    c.snapshotEntries,
 	}
 }
 
