@@ -113,7 +113,16 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	fmt.Fprintf(stderr, "bench: %s plan; results in %s\n", plan.Name, env.Out)
 	rep := RunSuite(ctx, plan, env)
-	md, err := writeResults(rep, env.Out, plan.Name)
+	name := plan.Name
+	if env.Only != nil {
+		// A partial run does not overwrite the whole suite's results.
+		if name == "full" {
+			name = strings.Join(env.Only, "-") // bench-cluster.md
+		} else {
+			name += "-" + strings.Join(env.Only, "-") // bench-quick-cluster.md
+		}
+	}
+	md, err := writeResults(rep, env.Out, name)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 	}

@@ -24,6 +24,10 @@ type ClusterReport struct {
 	// the nodes logged it; LeadersPerNode counts them per node.
 	Leaders        map[int]int
 	LeadersPerNode map[int]int
+	// LeaderChanges counts the new terms with a leader (elections or
+	// transfers) the nodes logged from then until the kill: under load,
+	// with no fault, there should be none.
+	LeaderChanges int
 	// DiskUse is each node's data directory on disk after every run.
 	DiskUse  map[int]int64
 	Failover *Failover
@@ -35,7 +39,9 @@ type Failover struct {
 	KilledShards []int // the shards it led at the kill
 	Conns, Depth int
 	KillAfter    time.Duration // into the measured window
-	PairsPerSec  float64       // over the whole window, the kill included
+	// LeadersPerNode at the kill.
+	LeadersPerNode map[int]int
+	PairsPerSec    float64 // over the whole window, the kill included
 	// Gap is the target's figure: over the killed node's shards, the
 	// longer of Quiet and MaxLatency.
 	Gap time.Duration
@@ -143,6 +149,7 @@ func (s *suite) clusterTicketd(ctx context.Context, cr *ClusterReport) (err erro
 		}
 	}()
 	settleLeaders(c, p.ClusterShards, time.Second, 15*time.Second)
+	terms0 := elections(c)
 	cr.Leaders = c.Leaders()
 	cr.LeadersPerNode = map[int]int{}
 	for _, n := range cr.Leaders {
@@ -168,9 +175,26 @@ func (s *suite) clusterTicketd(ctx context.Context, cr *ClusterReport) (err erro
 		}
 	}
 	if p.FailoverDuration > 0 {
-		return s.failover(ctx, c, cr)
+		return s.failover(ctx, c, cr, terms0)
 	}
+	cr.LeaderChanges = elections(c) - terms0
 	return nil
+}
+
+// elections counts the distinct (shard, term) with a leader in the logs.
+// (The name is loose: a leader transfer starts a term too.)
+func elections(c *serverproc.Cluster) int {
+	type st struct {
+		shard int
+		term  uint64
+	}
+	seen := map[st]bool{}
+	for _, lc := range c.LeaderChanges() {
+		if lc.Leader != 0 {
+			seen[st{lc.Shard, lc.Term}] = true
+		}
+	}
+	return len(seen)
 }
 
 // settleLeaders waits until the logs name a leader for every shard and no
@@ -192,7 +216,7 @@ func settleLeaders(c *serverproc.Cluster, shards int, quiet, limit time.Duration
 
 // failover kills, under steady load spread over every node, the node that
 // leads the most shards, and measures how long its shards went unanswered.
-func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *ClusterReport) error {
+func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *ClusterReport, terms0 int) error {
 	p := s.plan
 	tr := NewTrace(p.ClusterShards, time.Millisecond)
 	l := s.clusterLoad(p.FailoverDepth, fmt.Sprintf("cluster section: failover, kill -9 of a node after %s", p.FailoverKillAfter))
@@ -204,6 +228,7 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *Cluster
 	killed := make(chan struct{})
 	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
 		defer close(killed)
+		cr.LeaderChanges = elections(c) - terms0
 		leaders := c.Leaders()
 		per := map[int]int{}
 		for _, n := range leaders {
@@ -221,6 +246,7 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *Cluster
 			}
 		}
 		slices.Sort(f.KilledShards)
+		f.LeadersPerNode = per
 		nd := c.Node(f.Killed)
 		fmt.Fprintf(s.env.Log, "   kill -9 node %d (pid %d), leader of shards %v\n", nd.ID, nd.Proc.Pid(), f.KilledShards)
 		tr.Mark()

@@ -99,7 +99,11 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 		r.Cores, p.ClusterNodes, p.ClusterShards, p.ClusterConns, commas(int64(p.Keys)),
 		orDash(c.EtcdVersion), p.Warmup, p.ClusterDuration, p.EtcdDuration)
 	if len(c.LeadersPerNode) > 0 {
-		w("Shard leaders per node before the runs: %s.\n\n", fmtPerNode(c.LeadersPerNode, func(n int) string { return fmt.Sprint(n) }))
+		w("Shard leaders per node before the runs: %s", fmtPerNode(c.LeadersPerNode, func(n int) string { return fmt.Sprint(n) }))
+		if f := c.Failover; f != nil && len(f.LeadersPerNode) > 0 {
+			w("; at the kill: %s", fmtPerNode(f.LeadersPerNode, func(n int) string { return fmt.Sprint(n) }))
+		}
+		w(". Leader changes (a new term: an election or a transfer) logged while the load ran, before any kill: %d.\n\n", c.LeaderChanges)
 	}
 	e := r.findCluster(Etcd, 0)
 	w("| depth | system | pairs/s | lines/s | p50 | p99 | p99.9 | pairs/s vs etcd | vs single mode | reconnects / E unavailable / lost | CPU cores server / bench / others |\n")
