@@ -72,8 +72,8 @@ type Options struct {
 	// MaxProfile is the largest ?seconds= of a profile, trace or delta
 	// profile; a larger one is answered 400.
 	MaxProfile time.Duration
-	// ErrorLog receives net/http's own error lines and the metrics
-	// handler's (nil: the standard logger, as net/http does).
+	// ErrorLog receives net/http's own error lines (nil: the standard
+	// logger) and the metrics handler's (nil: none).
 	ErrorLog *log.Logger
 }
 
@@ -129,7 +129,7 @@ func NewWith(o Options) *Admin {
 	ho := promhttp.HandlerOpts{
 		ErrorHandling: promhttp.ContinueOnError, // one failing collector must not hide the rest
 	}
-	if a.opts.ErrorLog != nil {
+	if a.opts.ErrorLog != nil { // a nil *log.Logger would be a non-nil promhttp.Logger
 		ho.ErrorLog = a.opts.ErrorLog
 	}
 	a.mux.Handle("/metrics", promhttp.HandlerFor(a.reg, ho))
