@@ -213,7 +213,7 @@ func writeResults(rep *Report, out, name string) (string, error) {
 	}
 	var failover string
 	if rep.Cluster != nil && rep.Cluster.Failover != nil && len(rep.Cluster.Failover.Timeline.At) > 0 {
-		failover = base + "-failover.png"
+		failover = base + ".failover.png" // bench-quick.* stays out of git with the rest
 		if err := rep.FailoverChart(filepath.Join(out, failover)); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("failover chart: %w", err)

@@ -182,7 +182,7 @@ func TestClusterReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range []string{"## 4. Cluster", "| 64 | ticketd, 3-node cluster | 150,000 | 300,000 |", "150x", "| 1 | etcd, concurrency.Mutex | 1,000 |",
-		"**2.50s**", "![answers per second around the kill](bench-quick-failover.png)", "node 1: 6, node 2: 5"} {
+		"**2.50s**", "![answers per second around the kill](bench-quick.failover.png)", "node 1: 6, node 2: 5"} {
 		if !strings.Contains(md, w) {
 			t.Errorf("Markdown lacks %q", w)
 		}
@@ -190,7 +190,7 @@ func TestClusterReport(t *testing.T) {
 	if t.Failed() {
 		t.Log(md)
 	}
-	for _, f := range []string{"bench-quick.png", "bench-quick-failover.png"} {
+	for _, f := range []string{"bench-quick.png", "bench-quick.failover.png"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
 			t.Errorf("%s: not a PNG (%v)", f, err)
