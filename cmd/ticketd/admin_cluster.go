@@ -32,6 +32,8 @@ func (a *admin) cluster(n *replica.Node) {
 	a.a.CounterFunc("ticketd_raft_proposal_retries_total", "Proposal attempts after a timeout or drop.", c(func(s replica.Counters) int64 { return s.Retries }))
 	a.a.CounterFunc("ticketd_unavailable_total", "Connections closed with E unavailable.", c(func(s replica.Counters) int64 { return s.Unavailable }))
 	a.a.CounterFunc("ticketd_expiries_committed_total", "Expire and WaitTimeout commands this node proposed as a shard leader.", c(func(s replica.Counters) int64 { return s.TimerCommands }))
+	a.a.CounterFunc("ticketd_raft_snapshots_received_total", "Snapshots this node caught up from (it had fallen behind the log a leader keeps).", c(func(s replica.Counters) int64 { return s.SnapshotsReceived }))
+	a.a.CounterFunc("ticketd_orphaned_grants_released_total", "Grants proposed for release because their connection had gone.", c(func(s replica.Counters) int64 { return s.Orphans }))
 	a.a.CounterFunc("ticketd_leader_changes_total", "Leadership changes seen, over all shards.", c(func(s replica.Counters) int64 { return s.LeaderChanges }))
 	for i := range n.Status(false) {
 		shard := strconv.Itoa(i)
