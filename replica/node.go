@@ -263,39 +263,28 @@ func (n *Node) Attach(srv *netloop.Server) {
 }
 
 // Handle implements netloop.Backend: every request becomes a command in its
-// shard's next proposal, each shard's lock taken once per call; the answers
-// come from the replicated log.
+// shard's next proposal, each shard's queue locked once per batch; the
+// answers come from the replicated log.
 func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	if n.closing.Load() {
 		return out, 0, true
 	}
 	local := c.ID()
 	from := shard.Requester{Node: n.opt.NodeID, Conn: requesterConn(n.inc, local)}
-	var idx [256]uint16 // netloop hands over at most 256 frames at once
-	if len(reqs) > len(idx) {
-		for i := 0; i < len(reqs); i += len(idx) {
-			out, _, _ = n.Handle(c, reqs[i:min(i+len(idx), len(reqs))], out)
-		}
-		return out, 0, false
+	seq := c.NextSeq()
+	for range len(reqs) - 1 {
+		c.NextSeq() // sequences follow the frames' order, whatever the shard
 	}
-	for i := range reqs {
-		idx[i] = uint16(n.shardOf(reqs[i].Key))
-	}
-	seq := c.NextSeq() // sequences follow the frames' order, whatever the shard
+	var grp netloop.ShardGroups
+	grp.Group(reqs, len(n.grps))
 	var cmd shard.Command
-	var doneBits [4]uint64 // requests already queued
-	for i := range reqs {
-		if doneBits[i>>6]&(1<<(i&63)) != 0 {
-			continue
-		}
-		g := n.grps[idx[i]]
+	for i := 0; i < grp.Len(); {
+		sh, run := grp.Run(i)
+		i += len(run)
+		g := n.grps[sh]
 		g.mu.Lock()
 		first := g.pendN == 0
-		for j := i; j < len(reqs); j++ {
-			if idx[j] != idx[i] {
-				continue
-			}
-			doneBits[j>>6] |= 1 << (j & 63)
+		for _, j := range run {
 			q := &reqs[j]
 			from.Seq = seq + uint64(j)
 			cmd = shard.Command{From: from, Key: q.Key}
@@ -314,9 +303,6 @@ func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte
 		if first {
 			g.kickNow()
 		}
-	}
-	for range len(reqs) - 1 {
-		c.NextSeq()
 	}
 	return out, 0, false
 }

@@ -120,6 +120,8 @@ type Runner struct {
 	failed   chan struct{}
 	isFailed atomic.Bool
 
+	scratch sync.Pool // *[]byte, for putting a batch's answers back in order
+
 	closing  atomic.Bool
 	quiesce  sync.Once
 	wake     chan struct{}
@@ -174,6 +176,7 @@ func open(opt Options, e env) (*Runner, error) {
 		wake:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 	}
+	r.scratch.New = func() any { b := make([]byte, 0, 16<<10); return &b }
 	if err := r.load(ld, now); err != nil {
 		_ = d.close()
 		return nil, err
@@ -385,36 +388,76 @@ func (r *Runner) part(key []byte) *part {
 	return r.parts[shard.Index(key, len(r.parts))]
 }
 
-// Handle implements netloop.Backend.
+// Handle implements netloop.Backend. The frames are applied shard by
+// shard, each shard's lock taken once per batch; the answers decided at
+// once are then put back in request order.
 func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	now := r.clock.now()
 	self := c.ID()
+	seq := c.NextSeq()
+	for range len(reqs) - 1 {
+		c.NextSeq() // sequences follow the frames' order, whatever the shard
+	}
+	var g netloop.ShardGroups
+	g.Group(reqs, len(r.parts))
+	var spans [netloop.MaxBatch]struct{ from, to int32 }
+	start := len(out)
 	answered := 0
-	for i := range reqs {
-		q := &reqs[i]
-		p := r.part(q.Key)
+	stop := false
+	for i := 0; i < g.Len() && !stop; {
+		sh, run := g.Run(i)
+		i += len(run)
+		p := r.parts[sh]
 		p.mu.Lock()
 		if r.closing.Load() {
 			p.mu.Unlock()
-			return out, answered, true
+			stop = true
+			break
 		}
-		cmd := &p.cmd
-		*cmd = shard.Command{From: shard.Requester{Conn: self, Seq: c.NextSeq()}, Key: q.Key}
-		if q.Kind == codec.Acquire {
-			cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
-		} else {
-			cmd.Op, cmd.Token = shard.OpRelease, q.Token
+		for _, j := range run {
+			q := &reqs[j]
+			cmd := &p.cmd
+			*cmd = shard.Command{From: shard.Requester{Conn: self, Seq: seq + uint64(j)}, Key: q.Key}
+			if q.Kind == codec.Acquire {
+				cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
+			} else {
+				cmd.Op, cmd.Token = shard.OpRelease, q.Token
+			}
+			p.out = p.t.Apply(now, cmd, p.out[:0])
+			from := len(out)
+			var a int
+			out, a = r.dispatch(p, now, self, out)
+			answered += a
+			spans[j] = struct{ from, to int32 }{int32(from - start), int32(len(out) - start)}
 		}
-		p.out = p.t.Apply(now, cmd, p.out[:0])
-		var a int
-		out, a = r.dispatch(p, now, self, out)
-		answered += a
 		p.mu.Unlock()
 		if r.isFailed.Load() {
-			return out, answered, true
+			stop = true
 		}
 	}
-	return out, answered, false
+	if !stop && g.Len() > 0 {
+		if _, first := g.Run(0); len(first) < g.Len() {
+			out = r.inRequestOrder(out, start, spans[:len(reqs)])
+		}
+	}
+	return out, answered, stop
+}
+
+// inRequestOrder rearranges out[start:], written shard by shard, so that
+// each request's answers come in the order the requests were read.
+func (r *Runner) inRequestOrder(out []byte, start int, spans []struct{ from, to int32 }) []byte {
+	bp := r.scratch.Get().(*[]byte)
+	tmp := append((*bp)[:0], out[start:]...)
+	out = out[:start]
+	for _, s := range spans {
+		out = append(out, tmp[s.from:s.to]...)
+	}
+	if cap(tmp) > 1<<20 {
+		tmp = nil // one flood must not pin a large buffer
+	}
+	*bp = tmp[:0]
+	r.scratch.Put(bp)
+	return out
 }
 
 // dispatch writes p.out: answers for conn self go to out, the others to
@@ -439,14 +482,14 @@ func (r *Runner) dispatch(p *part, now int64, self uint64, out []byte) ([]byte, 
 				}
 			}
 			if self != 0 && a.To.Conn == self {
-				out = encode(out, a)
+				out = netloop.AppendAnswer(out, a)
 				answered++
 				continue
 			}
 			if a.To.Conn == 0 {
 				continue // an internal release
 			}
-			p.post = encode(p.post[:0], a)
+			p.post = netloop.AppendAnswer(p.post[:0], a)
 			if !r.deliver(a, p.post) && a.Result == shard.Acquired {
 				p.orphans = append(p.orphans, orphan{a.Token, append([]byte(nil), a.Key...)})
 			}
@@ -473,7 +516,14 @@ func (r *Runner) deliver(a *shard.Answer, b []byte) bool {
 		return r.env.deliver(a, b)
 	}
 	c := r.srv.Conn(a.To.Conn)
-	return c != nil && c.Post(b, 1)
+	if c == nil {
+		return false
+	}
+	if a.Result == shard.Acquired {
+		// Typed beside the mailbox: released if the connection closes first.
+		return c.PostGrant(b, a.Token, a.Key)
+	}
+	return c.Post(b, 1)
 }
 
 // coverLeases makes the durable lease ceiling cover every deadline p's
@@ -486,21 +536,6 @@ func (r *Runner) coverLeases(p *part) {
 		if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
 			r.fail("cannot persist lease ceiling", err)
 		}
-	}
-}
-
-func encode(dst []byte, a *shard.Answer) []byte {
-	switch a.Result {
-	case shard.Acquired:
-		return codec.AppendAcquired(dst, a.Token, a.Owner, a.Key)
-	case shard.TimedOut:
-		return codec.AppendTimedOut(dst, a.Owner, a.Key)
-	case shard.Busy:
-		return codec.AppendBusy(dst, a.Owner, a.Key)
-	case shard.Released:
-		return codec.AppendReleased(dst, a.Token, a.Key)
-	default:
-		return codec.AppendNotReleased(dst, a.Token, a.Key)
 	}
 }
 

@@ -191,3 +191,21 @@ func TestSnapshotNeedsSameShards(t *testing.T) {
 		t.Fatal("loaded a 4-shard snapshot into 8 shards")
 	}
 }
+
+// One read's frames are applied shard by shard, but the answers decided at
+// once still come in request order.
+func TestBatchAnswersInRequestOrder(t *testing.T) {
+	addr, stop := startInProcess(t, t.TempDir())
+	defer stop()
+	p := newPairs(t, addr, 200)
+	var a codec.Answer
+	p.req = p.req[:0]
+	for i := 0; i < p.depth; i++ {
+		p.req = codec.AppendAcquire(p.req, []byte("o"+strconv.Itoa(i)), keyNames[i], 30000, 0)
+	}
+	p.exchange(t, func(i int, line []byte) {
+		if _, err := codec.ParseAnswer(line, &a); err != nil || a.Kind != 'A' || string(a.Owner) != "o"+strconv.Itoa(i) {
+			t.Fatalf("answer %d: %q", i, line)
+		}
+	})
+}
