@@ -345,3 +345,53 @@ func TestClusterLaggingNodeCatchesUpFromSnapshot(t *testing.T) {
 		t.Fatal("the lagging node caught up without a snapshot: the test did not test that")
 	}
 }
+
+func TestClusterReplacesALostNode(t *testing.T) {
+	c := newTestCluster(t, 2)
+	a := c.dial(0)
+	a.send("A h k 600000 0")
+	a.expect("A 1 h k")
+	c.stop(2) // node 3's disk is lost
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addr4 := freePort(t)
+	if err := c.nodes[0].Replace(ctx, 3, 4, addr4); err != nil {
+		t.Fatal(err)
+	}
+	// Node 4 joins with an empty data dir in node 3's slot.
+	delete(c.peers, 3)
+	c.peers[4] = addr4
+	c.dirs[2] = t.TempDir()
+	c.addrs[2] = ""
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir, opt.Join = 4, c.peers, c.dirs[2], true
+	opt.Logger = zaptest.NewLogger(t).Named("n4")
+	n, err := Start(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 200, Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Attach(srv)
+	if err := srv.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[2], c.srvs[2], c.addrs[2] = n, srv, ln.Addr().String()
+	c.waitReady()
+	// Node 4 serves the lock held before, and the cluster survives losing
+	// node 1 now: 2 and 4 are a majority of the new membership.
+	x := c.dial(2)
+	x.send("A x k 1000 0")
+	x.expect("T x k")
+	c.checkReplicasAgree()
+	c.stop(0)
+	y := c.dial(1)
+	y.send("R 1 k")
+	y.expect("R 1 k")
+}

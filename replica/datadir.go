@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"syscall"
 )
 
@@ -19,6 +18,7 @@ type dataDir struct {
 	path        string
 	lock        *os.File
 	incarnation uint64
+	fresh       bool // no raft state yet: this start bootstraps (or joins)
 }
 
 type identity struct {
@@ -87,6 +87,8 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 		return nil, fmt.Errorf("cannot write to data dir %q: %w", path, err)
 	}
 	d.incarnation = id.Incarnation
+	_, err = os.Stat(filepath.Join(path, "raft"))
+	d.fresh = errors.Is(err, os.ErrNotExist)
 	return d, nil
 }
 
@@ -97,18 +99,7 @@ func (old *identity) differs(id *identity) string {
 	if old.Shards != id.Shards {
 		return fmt.Sprintf("a cluster of %d shards (--shards %d given)", old.Shards, id.Shards)
 	}
-	a, b := make([]uint32, 0, len(old.Peers)), make([]uint32, 0, len(id.Peers))
-	for k := range old.Peers {
-		a = append(a, k)
-	}
-	for k := range id.Peers {
-		b = append(b, k)
-	}
-	slices.Sort(a)
-	slices.Sort(b)
-	if !slices.Equal(a, b) {
-		return fmt.Sprintf("a cluster of nodes %v (--peers names %v)", a, b)
-	}
+	// The peers may differ: a replaced node changes them (README).
 	return ""
 }
 

@@ -25,8 +25,11 @@ import (
 // Options configure a Node. Every node of a cluster must be given the same
 // Peers, Shards and limits: they decide what the replicated tables do.
 type Options struct {
-	NodeID  uint32
-	Peers   map[uint32]string // raft address of every node, this one's included
+	NodeID uint32
+	Peers  map[uint32]string // raft address of every node, this one's included
+	// Join: this node replaces a lost one and joins shards that already
+	// exist (after Node.Replace on a live node); used on its first start.
+	Join    bool
 	DataDir string
 	Shards  int
 
@@ -205,9 +208,19 @@ func Start(opt Options) (*Node, error) {
 		return nil, fmt.Errorf("cannot start the raft node host in %q: %w", nhc.NodeHostDir, err)
 	}
 	n.nh = nh
-	members := make(map[uint64]dragonboat.Target, len(opt.Peers))
-	for id, addr := range opt.Peers {
-		members[uint64(id)] = addr
+	// Dragonboat records the members at bootstrap; a restart passes none
+	// (the log knows them, and they may have changed since).
+	var members map[uint64]dragonboat.Target
+	join := false
+	if dir.fresh {
+		if opt.Join {
+			join = true
+		} else {
+			members = make(map[uint64]dragonboat.Target, len(opt.Peers))
+			for id, addr := range opt.Peers {
+				members[uint64(id)] = addr
+			}
+		}
 	}
 	tcfg := shard.Config{
 		MaxKeys:          perShard(opt.MaxKeys, opt.Shards),
@@ -233,7 +246,7 @@ func Start(opt Options) (*Node, error) {
 			SnapshotEntries:    opt.SnapshotEntries,
 			CompactionOverhead: opt.SnapshotEntries / 4,
 		}
-		if err := nh.StartConcurrentReplica(members, false, create, rc); err != nil {
+		if err := nh.StartConcurrentReplica(members, join, create, rc); err != nil {
 			nh.Close()
 			dir.close()
 			return nil, fmt.Errorf("cannot start shard %d: %w", i, err)
@@ -683,6 +696,37 @@ func (n *Node) Ready() bool {
 		}
 	}
 	return true
+}
+
+// Replace takes node old out of every shard and adds node new at raft
+// address addr in its place (old first: with old down, a fourth member would
+// leave two of four live, no quorum). Run it on a live node once a node's
+// data dir is lost, then start the new node with Join. A node must never
+// come back under its old id with an empty data dir: it would have
+// forgotten its votes and the entries it acknowledged.
+func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error {
+	if old == 0 || new == 0 || old == new {
+		return errors.New("replica: replace needs two different positive node ids")
+	}
+	members := map[uint64]map[uint64]string{} // as this node has applied them
+	for _, si := range n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true}).ShardInfoList {
+		members[si.ShardID] = si.Replicas
+	}
+	for _, g := range n.grps {
+		m := members[g.id]
+		if _, ok := m[uint64(old)]; ok {
+			if err := n.nh.SyncRequestDeleteReplica(ctx, g.id, uint64(old), 0); err != nil {
+				return fmt.Errorf("shard %d: removing node %d: %w", g.idx, old, err)
+			}
+		}
+		if _, ok := m[uint64(new)]; !ok {
+			if err := n.nh.SyncRequestAddReplica(ctx, g.id, uint64(new), addr, 0); err != nil {
+				return fmt.Errorf("shard %d: adding node %d: %w", g.idx, new, err)
+			}
+		}
+		n.log.Info("shard members changed", zap.Int("shard", g.idx), zap.Uint32("removed", old), zap.Uint32("added", new), zap.String("addr", addr))
+	}
+	return nil
 }
 
 // ShardStatus is one shard as this node sees it.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"go.uber.org/zap"
+
 	"github.com/ticketd/ticketd/replica"
 )
 
@@ -46,6 +48,26 @@ func (a *admin) cluster(n *replica.Node) {
 	}
 	// Every replica's state digest at its applied index, for checks that
 	// the replicas agree (it serialises each table: not for frequent use).
+	// Replacing a node whose data dir was lost (README): POST on any live node.
+	a.a.Handle("/cluster/replace", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "POST /cluster/replace?old=ID&new=ID&addr=HOST:PORT", http.StatusMethodNotAllowed)
+			return
+		}
+		q := r.URL.Query()
+		old, err1 := strconv.ParseUint(q.Get("old"), 10, 32)
+		nw, err2 := strconv.ParseUint(q.Get("new"), 10, 32)
+		if err1 != nil || err2 != nil || q.Get("addr") == "" {
+			http.Error(w, "want old=ID&new=ID&addr=HOST:PORT (the new node's raft address)", http.StatusBadRequest)
+			return
+		}
+		if err := n.Replace(r.Context(), uint32(old), uint32(nw), q.Get("addr")); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		a.log.Warn("node replaced in every shard", zap.Uint64("old", old), zap.Uint64("new", nw), zap.String("addr", q.Get("addr")))
+		_, _ = w.Write([]byte("ok: start the new node with --join\n"))
+	}))
 	a.a.Handle("/debug/cluster", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status(r.URL.Query().Get("digest") == "1"))

@@ -25,6 +25,7 @@ type clusterFlags struct {
 	raftRTT            time.Duration
 	electionRTT        uint
 	snapshotEntries    uint64
+	join               bool
 	clockOffsetFile    string
 
 	peers map[uint32]string
@@ -37,6 +38,7 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.unavailableTimeout, "unavailable-timeout", 5*time.Second, "cluster mode: how long a request may wait for a shard without quorum before its connection gets E unavailable")
 	fs.DurationVar(&c.raftRTT, "raft-rtt", 10*time.Millisecond, "cluster mode: the raft tick (a round trip between nodes, or more)")
 	fs.UintVar(&c.electionRTT, "election-rtt", 30, "cluster mode: election timeout in raft ticks")
+	fs.BoolVar(&c.join, "join", false, "cluster mode: this node replaces a lost one and joins the existing shards (README: replacing a node); only on its first start")
 	fs.Uint64Var(&c.snapshotEntries, "raft-snapshot-entries", 20000, "cluster mode: log entries per shard between snapshots (a lagging node catches up from the latest one)")
 	fs.StringVar(&c.clockOffsetFile, "unsafe-test-clock-offset-file", "", "FOR TESTS ONLY: read a signed offset (e.g. -1.5s) from this file every 50ms and add it to the wall clock this node stamps and times leases by")
 }
@@ -47,6 +49,9 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 	if !c.enabled() {
 		if c.nodeID != 0 {
 			return bad("node-id", "given without --peers")
+		}
+		if c.join {
+			return bad("join", "given without --peers")
 		}
 		return nil
 	}
@@ -149,6 +154,7 @@ func (c *clusterFlags) options(cfg *config) replica.Options {
 		MaxClockSkew:       c.maxClockSkew,
 		UnavailableTimeout: c.unavailableTimeout,
 		SnapshotEntries:    c.snapshotEntries,
+		Join:               c.join,
 	}
 }
 
