@@ -708,25 +708,48 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 	if old == 0 || new == 0 || old == new {
 		return errors.New("replica: replace needs two different positive node ids")
 	}
-	members := map[uint64]map[uint64]string{} // as this node has applied them
-	for _, si := range n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true}).ShardInfoList {
-		members[si.ShardID] = si.Replicas
-	}
 	for _, g := range n.grps {
-		m := members[g.id]
-		if _, ok := m[uint64(old)]; ok {
-			if err := n.nh.SyncRequestDeleteReplica(ctx, g.id, uint64(old), 0); err != nil {
-				return fmt.Errorf("shard %d: removing node %d: %w", g.idx, old, err)
-			}
+		// A change forwarded to a leader that just went is lost silently
+		// (like a proposal): each step is tried in short attempts, checked
+		// against the members this node has applied before each one.
+		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(old)]; return !ok },
+			func(ctx context.Context) error { return n.nh.SyncRequestDeleteReplica(ctx, g.id, uint64(old), 0) }); err != nil {
+			return fmt.Errorf("shard %d: removing node %d: %w", g.idx, old, err)
 		}
-		if _, ok := m[uint64(new)]; !ok {
-			if err := n.nh.SyncRequestAddReplica(ctx, g.id, uint64(new), addr, 0); err != nil {
-				return fmt.Errorf("shard %d: adding node %d: %w", g.idx, new, err)
-			}
+		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(new)]; return ok },
+			func(ctx context.Context) error { return n.nh.SyncRequestAddReplica(ctx, g.id, uint64(new), addr, 0) }); err != nil {
+			return fmt.Errorf("shard %d: adding node %d: %w", g.idx, new, err)
 		}
 		n.log.Info("shard members changed", zap.Int("shard", g.idx), zap.Uint32("removed", old), zap.Uint32("added", new), zap.String("addr", addr))
 	}
 	return nil
+}
+
+// changeMembers runs change until done reports it applied here, or ctx ends.
+func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64]string) bool, change func(context.Context) error) error {
+	var last error
+	for {
+		for _, si := range n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true}).ShardInfoList {
+			if si.ShardID == g.id && done(si.Replicas) {
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			if last == nil {
+				last = ctx.Err()
+			}
+			return last
+		}
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		last = change(actx)
+		cancel()
+		if last != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
 }
 
 // ShardStatus is one shard as this node sees it.
