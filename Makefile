@@ -5,10 +5,11 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 FUZZTIME ?= 30s
 
-.PHONY: help build run test test-alloc test-short vet fuzz bench bench-quick bench-tools clean
+.PHONY: help build run cluster test test-alloc test-short vet fuzz bench bench-quick bench-tools clean
 
 help:
 	@echo "make run          build and start ticketd (single mode, ./ticketd-data)"
+	@echo "make cluster      build and start 3 cluster nodes on 127.0.0.1 in the foreground (Ctrl-C stops them)"
 	@echo "make test         go vet, the allocation tests without -race, then every test with -race"
 	@echo "make test-alloc   only the allocation tests, without -race (each must run and pass)"
 	@echo "make fuzz         run each fuzz target for FUZZTIME ($(FUZZTIME))"
@@ -22,6 +23,20 @@ build:
 
 run: build
 	./$(BIN)/ticketd $(ARGS)
+
+# Three nodes of one cluster, each with its own data dir under
+# ./ticketd-cluster; Ctrl-C reaches all three (same process group) and the
+# trap makes sure none is left behind.
+CLUSTER_PEERS := 1=127.0.0.1:7421,2=127.0.0.1:7422,3=127.0.0.1:7423
+cluster: build
+	@mkdir -p ticketd-cluster; \
+	trap 'kill $$p1 $$p2 $$p3 2>/dev/null; wait' INT TERM EXIT; \
+	for i in 1 2 3; do \
+		./$(BIN)/ticketd --node-id $$i --peers $(CLUSTER_PEERS) --listen 127.0.0.1:741$$i \
+			--admin 127.0.0.1:749$$i --data-dir ticketd-cluster/n$$i $(ARGS) & eval p$$i=$$!; \
+	done; \
+	echo "cluster: clients use --addr 127.0.0.1:7411,127.0.0.1:7412,127.0.0.1:7413; Ctrl-C stops it"; \
+	wait
 
 vet:
 	$(GO) vet ./...
