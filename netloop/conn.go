@@ -31,15 +31,13 @@ type Conn struct {
 	partialFrom atomic.Int64
 
 	// Mailbox for answers decided on other goroutines. The grants among
-	// mail are known by token and key, to be released if mail is never
-	// written: those from PostGrant in grants (their keys back to back in
-	// keys), those from Post by parsing the spans of mail it wrote.
+	// mail are known by token and key (their keys back to back in keys), to
+	// be released if mail is never written.
 	mu     sync.Mutex
 	mail   []byte
 	mailN  int
 	grants []grant
 	keys   []byte
-	plain  []span
 	closed bool
 }
 
@@ -47,8 +45,6 @@ type grant struct {
 	token uint64
 	key   int // end of the key in keys; it starts where the previous ends
 }
-
-type span struct{ from, to int }
 
 // ID names the connection for answers decided later; never 0. Safe from any
 // goroutine.
@@ -62,35 +58,24 @@ func (c *Conn) Pending() int { return c.inflight }
 func (c *Conn) NextSeq() uint64 { c.seq++; return c.seq }
 
 // Post hands over answers decided away from the connection's loop: b holds
-// n encoded answer lines. It copies b, so the caller may reuse it at once.
-// Safe from any goroutine; false if the connection is gone, in which case
-// nothing was taken. Grants among b that are never written are found by
-// parsing b again; PostGrant spares that.
-func (c *Conn) Post(b []byte, n int) bool {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return false
-	}
-	wake := len(c.mail) == 0
-	if k := len(c.plain); k > 0 && c.plain[k-1].to == len(c.mail) {
-		c.plain[k-1].to += len(b)
-	} else {
-		c.plain = append(c.plain, span{len(c.mail), len(c.mail) + len(b)})
-	}
-	c.mail = append(c.mail, b...)
-	c.mailN += n
-	c.mu.Unlock()
-	if wake {
-		_ = c.gc.Wake(nil)
-	}
-	return true
-}
+// n encoded answer lines, none of them a grant (grants go through PostGrant
+// or PostGrants, so that one never written is released). It copies b, so the
+// caller may reuse it at once. Safe from any goroutine; false if the
+// connection is gone, in which case nothing was taken.
+func (c *Conn) Post(b []byte, n int) bool { return c.PostGrants(b, n, nil) }
 
 // PostGrant is Post for one grant: b holds its encoded answer line, token and
 // key say what it grants. If the connection closes before b is written, the
 // grant is given back through Backend.Orphaned. It copies b and key.
 func (c *Conn) PostGrant(b []byte, token uint64, key []byte) bool {
+	g := [1]Grant{{Token: token, Key: key}}
+	return c.PostGrants(b, 1, g[:])
+}
+
+// PostGrants is Post for n answer lines among which are the grants listed:
+// each is given back through Backend.Orphaned if the connection closes
+// before b is written. It copies b and the keys.
+func (c *Conn) PostGrants(b []byte, n int, grants []Grant) bool {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -98,9 +83,11 @@ func (c *Conn) PostGrant(b []byte, token uint64, key []byte) bool {
 	}
 	wake := len(c.mail) == 0
 	c.mail = append(c.mail, b...)
-	c.mailN++
-	c.keys = append(c.keys, key...)
-	c.grants = append(c.grants, grant{token, len(c.keys)})
+	c.mailN += n
+	for _, g := range grants {
+		c.keys = append(c.keys, g.Key...)
+		c.grants = append(c.grants, grant{g.Token, len(c.keys)})
+	}
 	c.mu.Unlock()
 	if wake {
 		_ = c.gc.Wake(nil)
@@ -116,9 +103,9 @@ func (c *Conn) takeMail(out []byte) []byte {
 		c.inflight -= c.mailN
 		c.s.late.Add(int64(c.mailN))
 		if cap(c.mail) > 64<<10 { // one burst must not pin large buffers
-			c.mail, c.grants, c.keys, c.plain = nil, nil, nil, nil
+			c.mail, c.grants, c.keys = nil, nil, nil
 		} else {
-			c.mail, c.grants, c.keys, c.plain = c.mail[:0], c.grants[:0], c.keys[:0], c.plain[:0]
+			c.mail, c.grants, c.keys = c.mail[:0], c.grants[:0], c.keys[:0]
 		}
 		c.mailN = 0
 	}
@@ -150,8 +137,8 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s := h.s
 	c.mu.Lock()
 	c.closed = true
-	mail, grants, keys, plain := c.mail, c.grants, c.keys, c.plain
-	c.mail, c.grants, c.keys, c.plain = nil, nil, nil, nil
+	grants, keys := c.grants, c.keys
+	c.mail, c.grants, c.keys = nil, nil, nil
 	c.mu.Unlock()
 	s.reg.del(c.id)
 	s.parked.del(c)
@@ -162,32 +149,8 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		s.cfg.Backend.Orphaned(g.token, keys[from:g.key])
 		from = g.key
 	}
-	n := len(grants)
-	for _, sp := range plain {
-		n += releaseUndelivered(mail[sp.from:sp.to], s.cfg.Backend)
-	}
-	s.orphans.Add(int64(n))
+	s.orphans.Add(int64(len(grants)))
 	return gnet.None
-}
-
-// releaseUndelivered gives back the grants in mail, answers that never
-// reached their client: they would leak until their lease ends, since
-// nobody knows their tokens. It returns how many it released.
-func releaseUndelivered(mail []byte, b Backend) int {
-	n := 0
-	for len(mail) > 0 {
-		var a codec.Answer
-		k, err := codec.ParseAnswer(mail, &a)
-		if k == 0 || err != nil {
-			break
-		}
-		if a.Kind == 'A' {
-			b.Orphaned(a.Token, a.Key)
-			n++
-		}
-		mail = mail[k:]
-	}
-	return n
 }
 
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {

@@ -17,6 +17,7 @@ type Outbox struct {
 	conns map[uint64]*connOut
 	order []uint64
 	free  []*connOut
+	gs    []Grant // scratch for PostGrants
 }
 
 type connOut struct {
@@ -76,11 +77,16 @@ func (o *Outbox) Flush(mb Mailboxes, orphan func(Grant)) {
 		if mb != nil {
 			c = mb.Conn(id)
 		}
-		if c == nil || !c.Post(co.b, co.n) {
-			for _, g := range co.grants {
-				orphan(Grant{g.token, co.keys[g.off:g.end:g.end]})
+		o.gs = o.gs[:0]
+		for _, g := range co.grants {
+			o.gs = append(o.gs, Grant{g.token, co.keys[g.off:g.end:g.end]})
+		}
+		if c == nil || !c.PostGrants(co.b, co.n, o.gs) {
+			for _, g := range o.gs {
+				orphan(g)
 			}
 		}
+		clear(o.gs)             // no key outlives this flush through the scratch
 		if cap(co.b) > 64<<10 { // one burst must not pin a large buffer
 			co.b, co.keys = nil, nil
 		}

@@ -83,7 +83,7 @@ func TestQueuedAcquireIsNotIdle(t *testing.T) {
 	parked := b.parked[0]
 	b.mu.Unlock()
 	from := time.Now()
-	if !parked.Post([]byte("A 9 w later\n"), 1) {
+	if !parked.PostGrant([]byte("A 9 w later\n"), 9, []byte("later")) {
 		t.Fatal("connection closed while its acquire was queued")
 	}
 	if got := readLine(t, r); got != "A 9 w later" {
