@@ -126,6 +126,9 @@ func (s *slot) run(nc net.Conn) {
 			attempt = 0
 			s.serve(nc)
 			nc = nil
+			// Redial another address first: a cluster node that broke the
+			// connection (E unavailable: no quorum there) is the one to avoid.
+			s.addrIdx = (s.addrIdx + 1) % len(s.cl.addrs)
 		}
 		if s.cl.closed.Load() {
 			return

@@ -36,7 +36,8 @@
 // sending, so that one bad call cannot take down the calls of others.
 //
 // A broken connection is redialled in the background with backoff, trying
-// the addresses given to Dial in turn; while it is down, calls go to the
+// the addresses given to Dial in turn, starting after the one it had (a
+// cluster node that answered E unavailable has no quorum for some shard); while it is down, calls go to the
 // other connections, or fail at once with a *ConnError (Unknown false) when
 // none is up.
 //

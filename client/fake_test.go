@@ -416,3 +416,39 @@ func TestReconnect(t *testing.T) {
 		t.Fatalf("invalid frames sent after reconnecting: %q", bad)
 	}
 }
+
+// A cluster node without quorum answers E unavailable and closes: the call
+// fails with an unknown outcome, and the client's next connection goes to
+// the next address rather than back to that node.
+func TestUnavailableMovesToAnotherNode(t *testing.T) {
+	sick, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		if readFields(t, r) != nil {
+			fmt.Fprintf(nc, "E unavailable a shard of this request has no quorum; outcome unknown, try another node\n")
+		}
+	})
+	healthy, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		for f := readFields(t, r); f != nil; f = readFields(t, r) {
+			fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
+		}
+	})
+	cl := dial(t, sick+","+healthy, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	_, err := cl.Acquire(testCtx(t), "k", time.Second, 0)
+	var se *client.ServerError
+	if !errors.Is(err, client.ErrOutcomeUnknown) || !errors.As(err, &se) || se.Code != "unavailable" {
+		t.Fatalf("Acquire: %v, want an unknown outcome wrapping E unavailable", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l, err := cl.Acquire(testCtx(t), "k", time.Second, 0)
+		if err == nil {
+			if l.Token != 5 {
+				t.Fatalf("token %d", l.Token)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing after 5s: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
