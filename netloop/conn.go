@@ -21,9 +21,10 @@ type Conn struct {
 	inflight int    // requests handed to the Backend and not yet answered
 	seq      uint64 // requests read so far
 	paused   bool
-	epfd     int   // the loop's epoll descriptor, for pausing reads
-	held     int   // inbound bytes left unparsed by the last OnTraffic
-	active   int64 // stamp of the last read, write or pending state
+	epfd     int    // the loop's epoll descriptor, for pausing reads
+	held     int    // inbound bytes left unparsed by the last OnTraffic
+	marks    uint64 // the Backend's (Marks)
+	active   int64  // stamp of the last read, write or pending state
 
 	// Timeout stamps (see timeout.go): written by the loop, read by the
 	// sweep; 0 is none.
@@ -45,6 +46,10 @@ type grant struct {
 	token uint64
 	key   int // end of the key in keys; it starts where the previous ends
 }
+
+// Marks is a word the Backend may keep on the connection (cluster mode: the
+// shards it queued acquires on, mod 64). Loop only, and in Backend.Closed.
+func (c *Conn) Marks() *uint64 { return &c.marks }
 
 // ID names the connection for answers decided later; never 0. Safe from any
 // goroutine.

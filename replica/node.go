@@ -303,6 +303,9 @@ func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte
 			cmd = shard.Command{From: from, Key: q.Key}
 			if q.Kind == codec.Acquire {
 				cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
+				if q.WaitMs > 0 {
+					*c.Marks() |= 1 << (sh % 64) // may queue here: Closed withdraws here
+				}
 			} else {
 				cmd.Op, cmd.Token = shard.OpRelease, q.Token
 			}
@@ -328,14 +331,18 @@ func (n *Node) shardOf(key []byte) int {
 }
 
 // Closed implements netloop.Backend: the connection's queued acquires are
-// withdrawn through the log on every shard.
+// withdrawn through the log, on the shards where it sent an acquire that
+// could queue (by shard index mod 64).
 func (n *Node) Closed(c *netloop.Conn) {
-	if c.Pending() == 0 || n.closing.Load() {
+	marks := *c.Marks()
+	if c.Pending() == 0 || marks == 0 || n.closing.Load() {
 		return
 	}
 	cmd := shard.Command{Op: shard.OpWithdraw, From: shard.Requester{Node: n.opt.NodeID, Conn: requesterConn(n.inc, c.ID())}}
-	for _, g := range n.grps {
-		g.add(&cmd, 0)
+	for i, g := range n.grps {
+		if marks&(1<<(i%64)) != 0 {
+			g.add(&cmd, 0)
+		}
 	}
 }
 
