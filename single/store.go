@@ -163,6 +163,11 @@ func openStore(dir string, recoverDamaged bool, now int64) (*store, loaded, erro
 		return fail(fmt.Errorf("cannot list data dir %q: %w", dir, err))
 	}
 	slices.Sort(names)
+	if slices.Contains(names, "cluster.json") {
+		// Never "recovered": setting a cluster node's raft log aside would
+		// lose acknowledged grants of its shards.
+		return fail(fmt.Errorf("data dir %q holds a cluster node's state (cluster.json): start it in cluster mode (--peers, --node-id), or give single mode a data dir of its own", dir))
+	}
 
 	b, err := os.ReadFile(filepath.Join(dir, stateName))
 	switch {

@@ -196,3 +196,25 @@ func TestDataDirThatIsAFile(t *testing.T) {
 		t.Fatalf("open of a file as data dir: %v; want an error naming it", err)
 	}
 }
+
+// A cluster node's data dir is refused, recovery or not: nothing of it is
+// set aside or written.
+func TestClusterDataDirRefused(t *testing.T) {
+	for _, recover := range []bool{false, true} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "cluster.json"), []byte("{}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(dir, "raft"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Open(Options{DataDir: dir, Shards: 1, SweepInterval: time.Second, MaxLease: time.Hour, RecoverDamaged: recover})
+		if err == nil || !strings.Contains(err.Error(), "cluster node") {
+			t.Fatalf("recover=%v: Open: %v", recover, err)
+		}
+		names, _ := os.ReadDir(dir)
+		if len(names) != 2 {
+			t.Fatalf("recover=%v: the dir changed: %v", recover, names)
+		}
+	}
+}
