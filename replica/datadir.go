@@ -37,7 +37,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 	if err := os.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
-	for _, f := range []string{"CURRENT", "ticketd.state"} {
+	for _, f := range []string{"CURRENT", "ticketd.state", "ticketd.id", "ticketd.snapshot"} {
 		if _, err := os.Stat(filepath.Join(path, f)); err == nil {
 			return nil, fmt.Errorf("data dir %q holds single-mode state; give cluster mode a data dir of its own", path)
 		}
