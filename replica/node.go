@@ -159,12 +159,13 @@ type group struct {
 
 	out netloop.Outbox // deliver's; the shard's apply goroutine only
 
-	leader   atomic.Uint64 // leader's node id; 0: none known
-	changeMu sync.Mutex
-	changeCh chan struct{} // closed and replaced at each leader change
-	term     atomic.Uint64
-	timerRun atomic.Bool  // a timer proposal is in flight
-	lastOK   atomic.Int64 // unix ns of the last proposal of ours that committed
+	leader     atomic.Uint64 // leader's node id; 0: none known
+	changeMu   sync.Mutex
+	changeCh   chan struct{} // closed and replaced at each leader change
+	term       atomic.Uint64
+	timerRun   atomic.Bool  // a timer proposal is in flight
+	lastOK     atomic.Int64 // unix ns of the last proposal of ours that committed
+	transferAt time.Time    // the last leader transfer asked for (balanceLoop only)
 }
 
 const maxInflight = 4 // proposals in flight per shard: fewer, fuller batches under load
@@ -607,7 +608,11 @@ func (n *Node) timerLoop() {
 // reachable, so that a node that comes back takes its share again.
 func (n *Node) balanceLoop() {
 	defer n.wg.Done()
-	t := time.NewTicker(2 * time.Second)
+	// Often enough that leadership is spread within a second of start (a
+	// load that begins at once meets few transfers); a transfer is asked
+	// for only while leadership is misplaced, so the check costs nothing
+	// once it is spread.
+	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
@@ -623,7 +628,11 @@ func (n *Node) balanceLoop() {
 			n.mu.Lock()
 			ok := n.reach[n.opt.Peers[want]]
 			n.mu.Unlock()
-			if ok {
+			// A transfer holds proposals back until it completes or an
+			// election timeout passes (a target still catching up): one
+			// request per shard per 5s at most.
+			if ok && time.Since(g.transferAt) > 5*time.Second {
+				g.transferAt = time.Now()
 				_ = n.nh.RequestLeaderTransfer(g.id, uint64(want))
 			}
 		}
