@@ -62,11 +62,14 @@ func newTestClusterWith(t *testing.T, shards int, tune func(*Options)) *testClus
 	return c
 }
 
-func (c *testCluster) start(i int) {
+func (c *testCluster) start(i int) { c.startAs(i, uint32(i+1), false) }
+
+// startAs starts node id in slot i (its data dir and listener address).
+func (c *testCluster) startAs(i int, id uint32, join bool) {
 	t := c.t
 	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir = uint32(i+1), c.peers, c.dirs[i]
-	opt.Logger = zaptest.NewLogger(t).Named(fmt.Sprintf("n%d", i+1))
+	opt.NodeID, opt.Peers, opt.DataDir, opt.Join = id, c.peers, c.dirs[i], join
+	opt.Logger = zaptest.NewLogger(t).Named(fmt.Sprintf("n%d", id))
 	n, err := Start(opt)
 	if err != nil {
 		t.Fatal(err)
@@ -362,27 +365,7 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	delete(c.peers, 3)
 	c.peers[4] = addr4
 	c.dirs[2] = t.TempDir()
-	c.addrs[2] = ""
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir, opt.Join = 4, c.peers, c.dirs[2], true
-	opt.Logger = zaptest.NewLogger(t).Named("n4")
-	n, err := Start(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 200, Loops: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.Attach(srv)
-	if err := srv.Serve(ln); err != nil {
-		t.Fatal(err)
-	}
-	c.nodes[2], c.srvs[2], c.addrs[2] = n, srv, ln.Addr().String()
+	c.startAs(2, 4, true)
 	c.waitReady()
 	// Node 4 serves the lock held before, and the cluster survives losing
 	// node 1 now: 2 and 4 are a majority of the new membership.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/ticketd/ticketd/internal/atomicfile"
 )
 
 // dataDir is a cluster node's directory: our lock on it, who this node is
@@ -110,31 +112,7 @@ func writeSynced(file string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := file + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, file); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(file))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return atomicfile.Write(file, b, []byte("\n"))
 }
 
 func (d *dataDir) close() { _ = d.lock.Close() }

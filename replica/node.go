@@ -547,23 +547,30 @@ func (n *Node) fail(conns []uint64) {
 
 func (n *Node) now() int64 { return n.opt.Clock() }
 
+// every runs fn every d until the node stops.
+func (n *Node) every(d time.Duration, fn func()) {
+	defer n.wg.Done()
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}
+
 // timerLoop is the leader's clock: for each shard this node leads, it
 // proposes the Expire and WaitTimeout commands that have come due. A lease
 // ends only once this node's clock is MaxClockSkew past its deadline, so no
 // lease ends before its lease_ms have passed on any node whose clock is
 // within MaxClockSkew of the others.
 func (n *Node) timerLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
 	var expires, waits []shard.Command
 	skew := int64(n.opt.MaxClockSkew)
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		}
+	n.every(2*time.Millisecond, func() {
 		for _, g := range n.grps {
 			f := g.fsm.Load()
 			if f == nil || g.leader.Load() != uint64(n.opt.NodeID) || g.timerRun.Load() {
@@ -600,26 +607,18 @@ func (n *Node) timerLoop() {
 				g.propose(header{node: n.opt.NodeID, inc: n.inc, count: count}, b, true)
 			}()
 		}
-	}
+	})
 }
 
 // balanceLoop spreads leadership: shard i prefers node ids[i mod nodes]. A
 // leader that is not the preferred one hands over when the preferred node is
 // reachable, so that a node that comes back takes its share again.
 func (n *Node) balanceLoop() {
-	defer n.wg.Done()
 	// Often enough that leadership is spread within a second of start (a
 	// load that begins at once meets few transfers); a transfer is asked
 	// for only while leadership is misplaced, so the check costs nothing
 	// once it is spread.
-	t := time.NewTicker(500 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		}
+	n.every(500*time.Millisecond, func() {
 		for _, g := range n.grps {
 			want := n.ids[g.idx%len(n.ids)]
 			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID {
@@ -636,7 +635,7 @@ func (n *Node) balanceLoop() {
 				_ = n.nh.RequestLeaderTransfer(g.id, uint64(want))
 			}
 		}
-	}
+	})
 }
 
 // quorumLoop finds the local connections with queued acquires on a shard
@@ -645,20 +644,12 @@ func (n *Node) balanceLoop() {
 // connections get E unavailable like any whose request could not commit
 // (their waits could be neither granted nor ended).
 func (n *Node) quorumLoop() {
-	defer n.wg.Done()
-	every := n.opt.UnavailableTimeout / 2
-	t := time.NewTicker(every)
-	defer t.Stop()
+	quiet := n.opt.UnavailableTimeout / 2
 	var cmds []shard.Command
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		}
+	n.every(quiet, func() {
 		for _, g := range n.grps {
 			f := g.fsm.Load()
-			if f == nil || time.Since(time.Unix(0, g.lastOK.Load())) < every {
+			if f == nil || time.Since(time.Unix(0, g.lastOK.Load())) < quiet {
 				continue
 			}
 			var conns []uint64
@@ -679,7 +670,7 @@ func (n *Node) quorumLoop() {
 			g.mu.Unlock()
 			g.kickNow()
 		}
-	}
+	})
 }
 
 // LeaderUpdated implements raftio.IRaftEventListener.

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/ticketd/ticketd/internal/atomicfile"
 )
 
 // The data dir holds two files of ours, and the directory itself is
@@ -264,35 +266,13 @@ func (s *store) create(st state) error {
 	return nil
 }
 
-// writeFile writes name whole: beside it, synced, renamed into place, and
-// the dir synced. A failure leaves no partial file behind.
+// writeFile writes name whole (atomicfile.Write; the dir is synced through
+// the descriptor we hold). A failure leaves no partial file behind.
 func (s *store) writeFile(name string, parts ...[]byte) error {
-	tmp := filepath.Join(s.dir, name+tmpSuffix)
-	err := func() error {
-		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-		if err != nil {
-			return err
-		}
-		for _, p := range parts {
-			if _, err := f.Write(p); err != nil {
-				_ = f.Close()
-				return err
-			}
-		}
-		if err := f.Sync(); err != nil {
-			_ = f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
-		return os.Rename(tmp, filepath.Join(s.dir, name))
-	}()
-	if err != nil {
-		_ = os.Remove(tmp)
+	if err := atomicfile.Write(filepath.Join(s.dir, name), parts...); err != nil {
 		return ioErr(s.dir, err)
 	}
-	return s.syncDir()
+	return nil
 }
 
 func (s *store) syncDir() error {

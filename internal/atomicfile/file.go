@@ -1,0 +1,50 @@
+// Package atomicfile provides the one way ticketd replaces a small file so that
+// a crash leaves the old contents or the new, never a torn mix.
+package atomicfile
+
+import (
+	"os"
+	"path/filepath"
+)
+
+// Write writes parts to path whole: into path+".tmp" beside it, synced,
+// renamed into place, and the directory synced. On failure the temporary
+// file is removed and path is as it was.
+func Write(path string, parts ...[]byte) error {
+	tmp := path + ".tmp"
+	err := func() error {
+		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		for _, p := range parts {
+			if _, err := f.Write(p); err != nil {
+				_ = f.Close()
+				return err
+			}
+		}
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		return os.Rename(tmp, path)
+	}()
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// SyncDir makes the directory's entries (a rename, a new file) durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
