@@ -9,13 +9,14 @@ import (
 
 // An entry of a shard's raft log is one batch of commands from one node:
 //
-//	version(1 byte) node incarnation batchID first stamp count command*
+//	version(1 byte) node incarnation batchID floor stamp count command*
 //
-// Integers are uvarints; first and stamp are zig-zag varints of unix
-// nanoseconds on the proposer's clock, at the batch's first attempt and at
-// this attempt (a retry is stamped anew, so that a lease granted by a batch
-// that committed late still runs from about its grant; first bounds how
-// long the batch is remembered for deduplication). batchID numbers the proposals of one
+// Integers are uvarints; stamp is a zig-zag varint of unix nanoseconds on
+// the proposer's clock at this attempt (a retry is stamped anew, so that a
+// lease granted by a batch that committed late still runs from about its
+// grant). floor is the proposer's lowest batch id still unresolved (in
+// flight) for this shard: every id below it committed or was given up, so a
+// replica forgets them and refuses them from then on. batchID numbers the proposals of one
 // incarnation of one node to one shard from 1 up; 0 marks a batch whose
 // commands are harmless to apply twice (the leader's Expire and WaitTimeout),
 // which is not remembered for deduplication. A command is its Op byte, then:
@@ -35,7 +36,7 @@ type header struct {
 	node  uint32
 	inc   uint64 // incarnation of node
 	batch uint64 // 0: not deduplicated
-	first int64  // the first attempt's stamp
+	floor uint64 // lowest batch id the proposer still has in flight
 	stamp int64
 	count uint64
 }
@@ -45,7 +46,7 @@ func appendHeader(b []byte, h header) []byte {
 	b = binary.AppendUvarint(b, uint64(h.node))
 	b = binary.AppendUvarint(b, h.inc)
 	b = binary.AppendUvarint(b, h.batch)
-	b = binary.AppendVarint(b, h.first)
+	b = binary.AppendUvarint(b, h.floor)
 	b = binary.AppendVarint(b, h.stamp)
 	return binary.AppendUvarint(b, h.count)
 }
@@ -156,7 +157,7 @@ func (r *reader) header() header {
 	h.node = uint32(n)
 	h.inc = r.uvarint()
 	h.batch = r.uvarint()
-	h.first = r.varint()
+	h.floor = r.uvarint()
 	h.stamp = r.varint()
 	h.count = r.uvarint()
 	return h

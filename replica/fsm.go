@@ -3,7 +3,6 @@ package replica
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -17,12 +16,6 @@ import (
 	"github.com/ticketd/ticketd/shard"
 )
 
-// dedupWindow is how long (in replicated time) a batch is remembered after its
-// first attempt's stamp, and the age past which a batch is refused. A proposer gives up
-// retrying well within it, so a retry that commits after its first copy is
-// always recognised, and one that comes later than this is dropped unapplied.
-const dedupWindow = int64(120e9)
-
 // Incarnations are numbered in the top bits of a Requester's Conn: every
 // connection id a node ever hands out is larger than every id of its earlier
 // runs, which is what OpWithdrawBelow relies on.
@@ -33,10 +26,14 @@ const (
 
 func requesterConn(inc, local uint64) uint64 { return inc<<connBits | local&connMask }
 
-type batchID struct {
-	node uint32
-	inc  uint64
-	id   uint64
+// proposer is what a replica remembers of one node's proposals to its
+// shard, to apply each batch once: its latest incarnation, the floor below
+// which every batch id is settled (and refused), and the ids at or above it
+// already applied. Bounded by what the node has in flight.
+type proposer struct {
+	inc   uint64
+	floor uint64
+	seen  map[uint64]struct{}
 }
 
 // sink receives what a replica decides for this node: answers for its
@@ -57,24 +54,22 @@ type fsm struct {
 
 	mu      sync.Mutex // Update vs the leader's timer, Lookup and stats
 	t       *shard.Table
-	now     int64             // replicated clock: largest stamp applied (state)
-	incs    map[uint32]uint64 // latest incarnation seen per node (state)
-	seen    map[batchID]int64 // deduplicated batches -> first stamp (state)
-	applied uint64            // last applied log index (not state: Dragonboat keeps it)
-	refused uint64            // batches refused as stale (not state)
-	ans     []shard.Answer    // scratch
-	cmd     shard.Command     // scratch
-	mine    []shard.Answer    // answers for this node, per Update
-	arena   []byte            // copies of the keys and owners in mine
+	now     int64                // replicated clock: largest stamp applied (state)
+	props   map[uint32]*proposer // per node (state)
+	applied uint64               // last applied log index (not state: Dragonboat keeps it)
+	refused uint64               // batches refused as stale (not state)
+	ans     []shard.Answer       // scratch
+	cmd     shard.Command        // scratch
+	mine    []shard.Answer       // answers for this node, per Update
+	arena   []byte               // copies of the keys and owners in mine
 }
 
 func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
 	cfg.Replicated = true
 	return &fsm{
 		idx: idx, cfg: cfg, node: node, out: out,
-		t:    shard.New(cfg),
-		incs: make(map[uint32]uint64),
-		seen: make(map[batchID]int64),
+		t:     shard.New(cfg),
+		props: make(map[uint32]*proposer),
 	}
 }
 
@@ -112,28 +107,36 @@ func (f *fsm) applyEntry(b []byte) error {
 	if h.stamp > f.now {
 		f.now = h.stamp // never back, whatever a node's clock says
 	}
-	switch last := f.incs[h.node]; {
-	case h.inc < last:
+	p := f.props[h.node]
+	switch {
+	case p != nil && h.inc < p.inc:
 		// A batch of a node's earlier run, committed late: its connections are
 		// gone and their clients saw them close without an answer.
 		f.refused++
 		return nil
-	case h.inc > last:
-		f.incs[h.node] = h.inc
+	case p == nil || h.inc > p.inc:
+		p = &proposer{inc: h.inc, seen: make(map[uint64]struct{})}
+		f.props[h.node] = p
 		f.cmd = shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: h.node, Conn: requesterConn(h.inc, 0)}}
 		f.t.Apply(f.now, &f.cmd, nil)
 	}
 	if h.batch != 0 {
-		id := batchID{h.node, h.inc, h.batch}
-		if _, dup := f.seen[id]; dup {
+		if h.floor > p.floor {
+			p.floor = h.floor
+			for id := range p.seen {
+				if id < p.floor {
+					delete(p.seen, id)
+				}
+			}
+		}
+		if h.batch < p.floor {
+			f.refused++ // applied before, or given up by its proposer
 			return nil
 		}
-		if h.first < f.now-dedupWindow {
-			f.refused++ // too old to tell from a copy already applied and forgotten
+		if _, dup := p.seen[h.batch]; dup {
 			return nil
 		}
-		f.seen[id] = h.first
-		f.forget()
+		p.seen[h.batch] = struct{}{}
 	}
 	for n := uint64(0); n < h.count; n++ {
 		r.command(h.node, &f.cmd)
@@ -147,19 +150,6 @@ func (f *fsm) applyEntry(b []byte) error {
 		return errEntry
 	}
 	return nil
-}
-
-// forget drops deduplication records older than the window; amortised by
-// running only when the map has doubled since the last pass.
-func (f *fsm) forget() {
-	if len(f.seen) < 1024 || len(f.seen)&(len(f.seen)-1) != 0 {
-		return
-	}
-	for id, st := range f.seen {
-		if st < f.now-dedupWindow {
-			delete(f.seen, id)
-		}
-	}
 }
 
 // keep copies the answers addressed to this node (their slices point into the
@@ -223,8 +213,7 @@ func (f *fsm) Close() error { return nil }
 // Replica snapshot, version 1, uvarints unless said otherwise:
 //
 //	"TKRS" version(1 byte) now(varint)
-//	incarnationCount, per node ascending: node incarnation
-//	batchCount, per batch ascending (node, incarnation, id): node incarnation id stamp(varint)
+//	nodeCount, per node ascending: node incarnation floor idCount id* (ascending)
 //	the table's own snapshot (shard.WriteSnapshot, with its checksum)
 const (
 	replMagic   = "TKRS"
@@ -234,35 +223,26 @@ const (
 func (f *fsm) writeState(w io.Writer) error {
 	b := append([]byte(replMagic), replVersion)
 	b = binary.AppendVarint(b, f.now)
-	nodes := make([]uint32, 0, len(f.incs))
-	for n := range f.incs {
+	nodes := make([]uint32, 0, len(f.props))
+	for n := range f.props {
 		nodes = append(nodes, n)
 	}
 	slices.Sort(nodes)
 	b = binary.AppendUvarint(b, uint64(len(nodes)))
 	for _, n := range nodes {
+		p := f.props[n]
 		b = binary.AppendUvarint(b, uint64(n))
-		b = binary.AppendUvarint(b, f.incs[n])
-	}
-	ids := make([]batchID, 0, len(f.seen))
-	for id := range f.seen {
-		ids = append(ids, id)
-	}
-	slices.SortFunc(ids, func(a, b batchID) int {
-		if c := cmp.Compare(a.node, b.node); c != 0 {
-			return c
+		b = binary.AppendUvarint(b, p.inc)
+		b = binary.AppendUvarint(b, p.floor)
+		ids := make([]uint64, 0, len(p.seen))
+		for id := range p.seen {
+			ids = append(ids, id)
 		}
-		if c := cmp.Compare(a.inc, b.inc); c != 0 {
-			return c
+		slices.Sort(ids)
+		b = binary.AppendUvarint(b, uint64(len(ids)))
+		for _, id := range ids {
+			b = binary.AppendUvarint(b, id)
 		}
-		return cmp.Compare(a.id, b.id)
-	})
-	b = binary.AppendUvarint(b, uint64(len(ids)))
-	for _, id := range ids {
-		b = binary.AppendUvarint(b, uint64(id.node))
-		b = binary.AppendUvarint(b, id.inc)
-		b = binary.AppendUvarint(b, id.id)
-		b = binary.AppendVarint(b, f.seen[id])
 	}
 	if _, err := w.Write(b); err != nil {
 		return err
@@ -287,19 +267,14 @@ func (f *fsm) readState(r *bufio.Reader) error {
 		return v
 	}
 	now, err := binary.ReadVarint(r)
-	incs := make(map[uint32]uint64)
+	props := make(map[uint32]*proposer)
 	for n := uv(); err == nil && n > 0; n-- {
-		node := uv()
-		incs[uint32(node)] = uv()
-	}
-	seen := make(map[batchID]int64)
-	for n := uv(); err == nil && n > 0; n-- {
-		id := batchID{node: uint32(uv()), inc: uv(), id: uv()}
-		var st int64
-		if err == nil {
-			st, err = binary.ReadVarint(r)
+		node := uint32(uv())
+		p := &proposer{inc: uv(), floor: uv(), seen: make(map[uint64]struct{})}
+		for k := uv(); err == nil && k > 0; k-- {
+			p.seen[uv()] = struct{}{}
 		}
-		seen[id] = st
+		props[node] = p
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %v", errSnapshot, err)
@@ -308,7 +283,7 @@ func (f *fsm) readState(r *bufio.Reader) error {
 	if err := t.ReadSnapshot(r); err != nil {
 		return err
 	}
-	f.t, f.now, f.incs, f.seen = t, now, incs, seen
+	f.t, f.now, f.props = t, now, props
 	return nil
 }
 

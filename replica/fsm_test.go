@@ -51,36 +51,50 @@ func TestFSMAppliesARetriedBatchOnce(t *testing.T) {
 	rec := &recorder{}
 	f := newFSM(0, 1, shard.Config{}, rec)
 	c1 := requesterConn(1, 5)
-	b := batch{h: header{node: 1, inc: 1, batch: 7, first: 1e9, stamp: 1e9}, cmds: []shard.Command{acquire(c1, 1, "o", "k", 1000, 0)}}
+	b := batch{h: header{node: 1, inc: 1, batch: 7, stamp: 1e9}, cmds: []shard.Command{acquire(c1, 1, "o", "k", 1000, 0)}}
 	update(t, f, b, b)
 	if len(rec.got) != 1 || rec.got[0] != "A o k" {
 		t.Fatalf("answers %q", rec.got)
 	}
-	// A batch older than the window is dropped unapplied, even if never seen.
+	// Batches may commit out of order while the floor allows them: 9
+	// before 8, with 7 still in flight.
 	rec.got = nil
-	update(t, f, batch{h: header{node: 1, inc: 1, batch: 9, first: 2e9 + dedupWindow, stamp: 2e9 + dedupWindow}})
-	update(t, f, batch{h: header{node: 1, inc: 1, batch: 8, first: 1e9, stamp: 1e9}, cmds: []shard.Command{acquire(c1, 2, "p", "j", 1000, 0)}})
-	if len(rec.got) != 0 || f.refused != 1 {
+	b9 := batch{h: header{node: 1, inc: 1, batch: 9, floor: 7, stamp: 2e9}, cmds: []shard.Command{acquire(c1, 3, "q", "i", 1000, 0)}}
+	b8 := batch{h: header{node: 1, inc: 1, batch: 8, floor: 7, stamp: 2e9}, cmds: []shard.Command{acquire(c1, 2, "p", "j", 1000, 0)}}
+	update(t, f, b9, b8)
+	if len(rec.got) != 2 {
+		t.Fatalf("answers %q", rec.got)
+	}
+	// Once the proposer's floor passes them, copies of settled batches, and
+	// batches it gave up, are refused; what the replica remembers shrinks.
+	rec.got = nil
+	b10 := batch{h: header{node: 1, inc: 1, batch: 10, floor: 10, stamp: 3e9}}
+	abandoned := batch{h: header{node: 1, inc: 1, batch: 6, floor: 6, stamp: 3e9}, cmds: []shard.Command{acquire(c1, 4, "r", "h", 1000, 0)}}
+	update(t, f, b10, b8, b, abandoned)
+	if len(rec.got) != 0 || f.refused != 3 {
 		t.Fatalf("answers %q, refused %d", rec.got, f.refused)
+	}
+	if p := f.props[1]; p.floor != 10 || len(p.seen) != 1 {
+		t.Fatalf("remembers floor %d, %d ids", p.floor, len(p.seen))
 	}
 }
 
 func TestFSMNewIncarnationWithdrawsTheOldOnesWaiters(t *testing.T) {
 	rec := &recorder{}
 	f := newFSM(0, 2, shard.Config{}, rec)
-	holder := batch{h: header{node: 1, inc: 1, batch: 1, first: 1e9, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "h", "k", 60000, 0)}}
-	old := batch{h: header{node: 2, inc: 3, batch: 1, first: 1e9, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(3, 4), 1, "w", "k", 1000, 60000)}}
+	holder := batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "h", "k", 60000, 0)}}
+	old := batch{h: header{node: 2, inc: 3, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(3, 4), 1, "w", "k", 1000, 60000)}}
 	update(t, f, holder, old)
 	if st := f.t.Stats(); st.Waiters != 1 {
 		t.Fatalf("waiters %d", st.Waiters)
 	}
 	// Node 2 restarts as incarnation 4: its first batch (even empty) withdraws.
-	update(t, f, batch{h: header{node: 2, inc: 4, batch: 1, first: 2e9, stamp: 2e9}})
+	update(t, f, batch{h: header{node: 2, inc: 4, batch: 1, stamp: 2e9}})
 	if st := f.t.Stats(); st.Waiters != 0 || st.Withdrawn != 1 {
 		t.Fatalf("after restart: %+v", st)
 	}
 	// A batch of the old incarnation that commits late is refused.
-	late := batch{h: header{node: 2, inc: 3, batch: 2, first: 2e9, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(3, 4), 2, "w", "j", 1000, 0)}}
+	late := batch{h: header{node: 2, inc: 3, batch: 2, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(3, 4), 2, "w", "j", 1000, 0)}}
 	update(t, f, late)
 	if st := f.t.Stats(); st.Keys != 1 || f.refused != 1 {
 		t.Fatalf("late batch applied: %+v refused %d", st, f.refused)
@@ -89,8 +103,8 @@ func TestFSMNewIncarnationWithdrawsTheOldOnesWaiters(t *testing.T) {
 
 func TestFSMClockNeverGoesBack(t *testing.T) {
 	f := newFSM(0, 1, shard.Config{}, nil)
-	update(t, f, batch{h: header{node: 1, inc: 1, batch: 1, first: 5e9, stamp: 5e9}})
-	update(t, f, batch{h: header{node: 2, inc: 1, batch: 1, first: 3e9, stamp: 3e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "k", 1000, 0)}})
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 1, stamp: 5e9}})
+	update(t, f, batch{h: header{node: 2, inc: 1, batch: 1, stamp: 3e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "k", 1000, 0)}})
 	if f.now != 5e9 {
 		t.Fatalf("now %d", f.now)
 	}
@@ -106,8 +120,8 @@ func TestFSMClockNeverGoesBack(t *testing.T) {
 func TestFSMSnapshotRoundTrip(t *testing.T) {
 	f := newFSM(3, 1, shard.Config{}, nil)
 	update(t, f,
-		batch{h: header{node: 1, inc: 2, batch: 1, first: 1e9, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(2, 1), 1, "a", "k", 5000, 0), acquire(requesterConn(2, 1), 2, "b", "k", 5000, 9000)}},
-		batch{h: header{node: 3, inc: 1, batch: 4, first: 2e9, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 9), 1, "c", "j", 5000, 0)}},
+		batch{h: header{node: 1, inc: 2, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(2, 1), 1, "a", "k", 5000, 0), acquire(requesterConn(2, 1), 2, "b", "k", 5000, 9000)}},
+		batch{h: header{node: 3, inc: 1, batch: 4, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 9), 1, "c", "j", 5000, 0)}},
 	)
 	ctx, err := f.PrepareSnapshot()
 	if err != nil {
@@ -128,7 +142,7 @@ func TestFSMSnapshotRoundTrip(t *testing.T) {
 		t.Fatal("restored replica differs")
 	}
 	// The restored replica still deduplicates and knows the incarnations.
-	update(t, g, batch{h: header{node: 3, inc: 1, batch: 4, first: 2e9, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 9), 2, "d", "x", 5000, 0)}})
+	update(t, g, batch{h: header{node: 3, inc: 1, batch: 4, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 9), 2, "d", "x", 5000, 0)}})
 	if g.t.Stats().Keys != 2 {
 		t.Fatal("a batch applied before the snapshot was applied again")
 	}
@@ -141,7 +155,7 @@ func TestFSMSnapshotRoundTrip(t *testing.T) {
 
 func TestFSMRejectsAMalformedEntry(t *testing.T) {
 	f := newFSM(0, 1, shard.Config{}, nil)
-	b := batch{h: header{node: 1, inc: 1, batch: 1, first: 1, stamp: 1}, cmds: []shard.Command{acquire(1, 1, "o", "k", 1, 0)}}.bytes()
+	b := batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1}, cmds: []shard.Command{acquire(1, 1, "o", "k", 1, 0)}}.bytes()
 	for _, cut := range []int{1, 3, len(b) - 1} {
 		if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: b[:cut]}}); err == nil {
 			t.Fatalf("entry cut at %d applied", cut)

@@ -86,9 +86,6 @@ func (o *Options) validate() error {
 	if o.ProposeTimeout <= 0 {
 		o.ProposeTimeout = time.Second
 	}
-	if time.Duration(dedupWindow) < 4*o.UnavailableTimeout {
-		return fmt.Errorf("replica: unavailable timeout %v is too long (at most %v)", o.UnavailableTimeout, time.Duration(dedupWindow/4))
-	}
 	if o.SnapshotEntries == 0 {
 		o.SnapshotEntries = 20000
 	}
@@ -149,11 +146,12 @@ type group struct {
 	fsm atomic.Pointer[fsm]
 
 	mu    sync.Mutex
-	pend  []byte   // encoded commands waiting for the next proposal
-	pendN uint64   // how many
-	conns []uint64 // local connections with a request in pend
-	next  uint64   // batch id of the next proposal
-	force bool     // propose even an empty batch (the first announces this incarnation)
+	pend  []byte              // encoded commands waiting for the next proposal
+	pendN uint64              // how many
+	conns []uint64            // local connections with a request in pend
+	next  uint64              // batch id of the next proposal
+	open  map[uint64]struct{} // batch ids in flight: the floor is the least
+	force bool                // propose even an empty batch (the first announces this incarnation)
 	kick  chan struct{}
 	slots chan struct{} // proposals in flight
 
@@ -230,7 +228,8 @@ func Start(opt Options) (*Node, error) {
 	}
 	n.grps = make([]*group, opt.Shards)
 	for i := range n.grps {
-		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1, force: true}
+		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1, force: true,
+			open: make(map[uint64]struct{})}
 		n.grps[i] = g
 		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
 			f := newFSM(int(shardID-1), opt.NodeID, tcfg, n)
@@ -399,6 +398,18 @@ func (g *group) kickNow() {
 	}
 }
 
+// floor is the lowest batch id of this incarnation still in flight on the
+// shard (the next one if none).
+func (g *group) floor() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f := g.next
+	for id := range g.open {
+		f = min(f, id)
+	}
+	return f
+}
+
 // leaderChanged returns a channel closed at the shard's next leader change.
 func (g *group) leaderChanged() <-chan struct{} {
 	g.changeMu.Lock()
@@ -433,6 +444,7 @@ func (g *group) proposer() {
 			}
 			id := g.next
 			g.next++
+			g.open[id] = struct{}{}
 			h := header{node: g.n.opt.NodeID, inc: g.n.inc, batch: id, count: g.pendN}
 			body := append([]byte(nil), g.pend...)
 			conns, count := g.conns, g.pendN
@@ -443,7 +455,14 @@ func (g *group) proposer() {
 			}
 			go func() {
 				defer func() { <-g.slots }()
-				if !g.propose(h, body, true) {
+				ok := g.propose(h, body, true)
+				// Settled either way: committed, or given up (its
+				// connections are told E unavailable next, and a copy
+				// that commits later is refused below the floor).
+				g.mu.Lock()
+				delete(g.open, h.batch)
+				g.mu.Unlock()
+				if !ok {
 					g.n.fail(conns)
 				}
 			}()
@@ -460,7 +479,6 @@ func (g *group) proposer() {
 func (g *group) propose(h header, body []byte, giveUp bool) bool {
 	n := g.n
 	start := time.Now()
-	h.first = n.now()
 	n.stats.proposals.Add(1)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -469,7 +487,7 @@ func (g *group) propose(h header, body []byte, giveUp bool) bool {
 				return false
 			}
 		}
-		h.stamp = max(h.first, n.now())
+		h.stamp, h.floor = n.now(), g.floor()
 		b := append(appendHeader(make([]byte, 0, 40+len(body)), h), body...)
 		changed := g.leaderChanged()
 		rs, err := n.nh.Propose(g.sess, b, n.opt.ProposeTimeout)
@@ -851,8 +869,7 @@ func (n *Node) Quiesce() {
 		if count == 0 {
 			continue
 		}
-		now := n.now()
-		entry := appendHeader(nil, header{node: n.opt.NodeID, inc: n.inc, first: now, stamp: now, count: count})
+		entry := appendHeader(nil, header{node: n.opt.NodeID, inc: n.inc, stamp: n.now(), count: count})
 		entry = append(entry, b...)
 		wg.Add(1)
 		go func() {
