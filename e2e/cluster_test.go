@@ -3,12 +3,13 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 // cluster is three ticketd processes in cluster mode on loopback. Each node
@@ -24,12 +25,11 @@ type cluster struct {
 
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := serverproc.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // startCluster starts three nodes with --shards 4 (and flags) and waits until

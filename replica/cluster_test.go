@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ticketd/ticketd/internal/serverproc"
 	"github.com/ticketd/ticketd/netloop"
 )
 
@@ -28,12 +29,11 @@ type testCluster struct {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := serverproc.FreeAddr() // below the ephemeral ports: nodes restart on theirs
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 func newTestCluster(t *testing.T, shards int) *testCluster {
@@ -76,7 +76,7 @@ func (c *testCluster) startAs(i int, id uint32, join bool) {
 	}
 	addr := c.addrs[i]
 	if addr == "" {
-		addr = "127.0.0.1:0"
+		addr = freePort(t)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
