@@ -435,7 +435,7 @@ func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]by
 			stop = true
 		}
 	}
-	if !stop && g.Len() > 0 {
+	if g.Len() > 0 { // also when stopping: what was answered keeps request order
 		if _, first := g.Run(0); len(first) < g.Len() {
 			out = r.inRequestOrder(out, start, spans[:len(reqs)])
 		}
