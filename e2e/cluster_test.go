@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -265,4 +266,56 @@ func TestClusterProtocol(t *testing.T) {
 		x.expectAcquired("x", "bad2")
 	})
 	c.agree()
+}
+
+// The lease promise under clock skew: with the proposer's clock 240ms behind
+// and the shard leader's 240ms ahead (480ms apart, inside the default
+// --max-clock-skew of 500ms), no lease ends before lease_ms has passed since
+// the request was sent.
+func TestClusterLeaseUnderClockSkew(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for i := range 3 {
+		f := fmt.Sprintf("%s/clock%d", dir, i)
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	c := &cluster{t: t, nodes: make([]*server, 3)}
+	var peers []string
+	for i := range 3 {
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, freeAddr(t)))
+		c.listen = append(c.listen, freeAddr(t))
+		c.dirs = append(c.dirs, t.TempDir())
+	}
+	c.peers = strings.Join(peers, ",")
+	for i := range 3 {
+		c.flags = []string{"--unsafe-test-clock-offset-file", files[i]}
+		c.start(i)
+	}
+	c.waitReady()
+	lead := c.leader() // of shard 0, which key "hot0" is on with 4 shards
+	prop := (lead + 1) % 3
+	set := func(i int, off string) {
+		if err := os.WriteFile(files[i], []byte(off), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(lead, "240ms")
+	set(prop, "-240ms")
+	time.Sleep(200 * time.Millisecond) // the nodes re-read the files every 50ms
+	h, w := c.dial(prop), c.dial((lead+2)%3)
+	for round := range 3 {
+		start := time.Now()
+		h.send("A h hot0 600 0")
+		h.expectAcquired("h", "hot0")
+		w.send("A w hot0 600 5000")
+		tok := w.expectAcquired("w", "hot0")
+		if d := time.Since(start); d < 600*time.Millisecond {
+			t.Fatalf("round %d: the lease ended %v after its request was sent, before its 600ms", round, d)
+		}
+		w.send(fmt.Sprintf("R %d hot0", tok))
+		w.expect(fmt.Sprintf("R %d hot0", tok))
+	}
 }
