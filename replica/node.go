@@ -455,7 +455,7 @@ func (g *group) proposer() {
 			}
 			go func() {
 				defer func() { <-g.slots }()
-				ok := g.propose(h, body, true)
+				ok := g.propose(h, body)
 				// Settled either way: committed, or given up (its
 				// connections are told E unavailable next, and a copy
 				// that commits later is refused below the floor).
@@ -472,18 +472,18 @@ func (g *group) proposer() {
 
 // propose gets a batch committed, retrying a proposal that timed out or was
 // dropped (a retry of a batch already applied is recognised by its id) until
-// the unavailable timeout, or with giveUp false until the node stops. A
+// the unavailable timeout. A
 // proposal in flight when the shard's leader changes was likely lost with
 // the old leader: it is retried at once rather than at its timeout. Every
 // attempt is a new buffer (Dragonboat may still hold the last one).
-func (g *group) propose(h header, body []byte, giveUp bool) bool {
+func (g *group) propose(h header, body []byte) bool {
 	n := g.n
 	start := time.Now()
 	n.stats.proposals.Add(1)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			n.stats.retries.Add(1)
-			if giveUp && time.Since(start) > n.opt.UnavailableTimeout {
+			if time.Since(start) > n.opt.UnavailableTimeout {
 				return false
 			}
 		}
@@ -622,7 +622,7 @@ func (n *Node) timerLoop() {
 			g.timerRun.Store(true)
 			go func() {
 				defer g.timerRun.Store(false)
-				g.propose(header{node: n.opt.NodeID, inc: n.inc, count: count}, b, true)
+				g.propose(header{node: n.opt.NodeID, inc: n.inc, count: count}, b)
 			}()
 		}
 	})
