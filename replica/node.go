@@ -168,8 +168,8 @@ type group struct {
 
 const maxInflight = 4 // proposals in flight per shard: fewer, fuller batches under load
 
-// Start opens the data dir, starts the NodeHost and every shard's replica,
-// and begins proposing. Requests are taken once Attach has been called.
+// Start opens the data dir and starts the NodeHost and every shard's replica
+// (which replay their logs); Attach then starts proposing and taking requests.
 func Start(opt Options) (*Node, error) {
 	if err := opt.validate(); err != nil {
 		return nil, err
