@@ -1,8 +1,6 @@
 package netloop
 
 import (
-	"slices"
-
 	"github.com/ticketd/ticketd/codec"
 	"github.com/ticketd/ticketd/shard"
 )
@@ -17,6 +15,7 @@ const MaxBatch = maxBatch
 type ShardGroups struct {
 	shard [maxBatch]uint16
 	order [maxBatch]uint16
+	tmp   [maxBatch]uint16
 	n     int
 }
 
@@ -34,16 +33,42 @@ func (g *ShardGroups) Group(reqs []codec.Request, shards int) {
 		}
 		g.shard[i], g.order[i] = uint16(s), uint16(i)
 	}
-	o := g.order[:g.n]
-	sorted := true
-	for i := 1; i < len(o); i++ {
+	sorted, high := true, false
+	for i := 1; i < g.n; i++ {
 		if g.shard[i] < g.shard[i-1] {
 			sorted = false
-			break
 		}
 	}
-	if !sorted {
-		slices.SortStableFunc(o, func(a, b uint16) int { return int(g.shard[a]) - int(g.shard[b]) })
+	for i := 0; i < g.n; i++ {
+		high = high || g.shard[i] > 0xff
+	}
+	if sorted {
+		return
+	}
+	// A stable radix sort, a byte at a time: a comparison sort cost a
+	// seventh of the server's CPU at pipeline depth 64.
+	g.radix(g.order[:g.n], g.tmp[:g.n], 0)
+	if high {
+		g.radix(g.tmp[:g.n], g.order[:g.n], 8)
+	} else {
+		copy(g.order[:g.n], g.tmp[:g.n])
+	}
+}
+
+// radix places src in dst ordered by the byte of the shard at shift,
+// keeping the order of src among equal bytes.
+func (g *ShardGroups) radix(src, dst []uint16, shift uint) {
+	var at [257]int32
+	for _, i := range src {
+		at[(g.shard[i]>>shift)&0xff+1]++
+	}
+	for b := 1; b < len(at); b++ {
+		at[b] += at[b-1]
+	}
+	for _, i := range src {
+		b := (g.shard[i] >> shift) & 0xff
+		dst[at[b]] = i
+		at[b]++
 	}
 }
 
