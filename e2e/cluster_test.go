@@ -61,6 +61,19 @@ func (c *cluster) start(i int) {
 	c.nodes[i] = startServerDir(c.t, c.dirs[i], flags...)
 }
 
+// asServer is the cluster as one server whose connections go to its nodes
+// in turn, for the tests that run in both modes.
+func (c *cluster) asServer() *server {
+	return &server{t: c.t, p: c.nodes[0].p, addr: c.nodes[0].addr, ring: c.listen}
+}
+
+// bothModes runs f against single mode and against a 3-node cluster: the
+// same protocol, with each test's connections spread over the nodes.
+func bothModes(t *testing.T, f func(t *testing.T, s *server)) {
+	t.Run("single", func(t *testing.T) { t.Parallel(); f(t, startServer(t)) })
+	t.Run("cluster", func(t *testing.T) { t.Parallel(); f(t, startCluster(t).asServer()) })
+}
+
 // addrs lists the nodes' client addresses, for the Go client.
 func (c *cluster) addrs() string { return strings.Join(c.listen, ",") }
 

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -51,6 +52,10 @@ type server struct {
 	p       *serverproc.Proc
 	addr    string // p.Addr
 	dataDir string
+
+	// ring, for a cluster seen as one server: dial goes to its nodes in turn.
+	ring []string
+	next atomic.Int64
 }
 
 // startServer starts ticketd on a fresh data dir with the given extra flags.
@@ -236,9 +241,13 @@ type conn struct {
 
 func (s *server) dial(t testing.TB) *conn {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", s.addr, readTimeout)
+	addr := s.addr
+	if len(s.ring) > 0 {
+		addr = s.ring[int(s.next.Add(1)-1)%len(s.ring)]
+	}
+	c, err := net.DialTimeout("tcp", addr, readTimeout)
 	if err != nil {
-		t.Fatalf("dial %s: %v", s.addr, err)
+		t.Fatalf("dial %s: %v", addr, err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return &conn{t: t, c: c, r: bufio.NewReaderSize(c, 64<<10)}

@@ -13,19 +13,20 @@ const quiet = 150 * time.Millisecond
 // TestExampleSession replays the example session of the protocol document.
 func TestExampleSession(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
-	c := s.dial(t)
-	c.send("A worker-7 invoices 30000 0")
-	c.expect("A 1 worker-7 invoices")
-	c.send("A worker-9 invoices 30000 0")
-	c.expect("T worker-9 invoices")
-	c.send("A worker-9 invoices 30000 5000")
-	c.expectNothing(quiet)
-	c.send("R 1 invoices")
-	// Both answers come from the one release; the protocol lets them arrive in either order.
-	c.expectSet("R 1 invoices", "A 2 worker-9 invoices")
-	c.send("R 1 invoices")
-	c.expect("N 1 invoices")
+	bothModes(t, func(t *testing.T, s *server) {
+		c := s.dial(t)
+		c.send("A worker-7 invoices 30000 0")
+		c.expect("A 1 worker-7 invoices")
+		c.send("A worker-9 invoices 30000 0")
+		c.expect("T worker-9 invoices")
+		c.send("A worker-9 invoices 30000 5000")
+		c.expectNothing(quiet)
+		c.send("R 1 invoices")
+		// Both answers come from the one release; the protocol lets them arrive in either order.
+		c.expectSet("R 1 invoices", "A 2 worker-9 invoices")
+		c.send("R 1 invoices")
+		c.expect("N 1 invoices")
+	})
 }
 
 // TestAcquireTable covers every row of the acquire table and the rules under it.
@@ -171,116 +172,119 @@ func TestAcquireTable(t *testing.T) {
 // TestReleaseTable covers every row of the release table.
 func TestReleaseTable(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
+	bothModes(t, func(t *testing.T, s *server) {
 
-	t.Run("token matches, waiters queued: hand over to the head", func(t *testing.T) {
-		h := s.dial(t)
-		w := s.dial(t)
-		x := s.dial(t)
-		tok := h.acquire("h", "handover", 30000, 0)
-		w.send(acq("w", "handover", 30000, 5000))
-		w.sync("handover")
-		h.release(tok, "handover")
-		tok2 := w.expectAcquired("w", "handover")
-		if tok2 <= tok {
-			t.Fatalf("hand-over token %d not above %d", tok2, tok)
-		}
-		// No new competition: the waiter holds it now.
-		x.send(acq("x", "handover", 30000, 0))
-		x.expect(timedOut("x", "handover"))
-		x.send(rel(tok, "handover"))
-		x.expect(notRel(tok, "handover"))
-		x.release(tok2, "handover")
-	})
+		t.Run("token matches, waiters queued: hand over to the head", func(t *testing.T) {
+			h := s.dial(t)
+			w := s.dial(t)
+			x := s.dial(t)
+			tok := h.acquire("h", "handover", 30000, 0)
+			w.send(acq("w", "handover", 30000, 5000))
+			w.sync("handover")
+			h.release(tok, "handover")
+			tok2 := w.expectAcquired("w", "handover")
+			if tok2 <= tok {
+				t.Fatalf("hand-over token %d not above %d", tok2, tok)
+			}
+			// No new competition: the waiter holds it now.
+			x.send(acq("x", "handover", 30000, 0))
+			x.expect(timedOut("x", "handover"))
+			x.send(rel(tok, "handover"))
+			x.expect(notRel(tok, "handover"))
+			x.release(tok2, "handover")
+		})
 
-	t.Run("token matches, no waiters: delete the key", func(t *testing.T) {
-		c := s.dial(t)
-		tok := c.acquire("o", "del", 30000, 0)
-		c.release(tok, "del")
-		// Deleted: the same token no longer matches a registered key.
-		c.send(rel(tok, "del"))
-		c.expect(notRel(tok, "del"))
-		c.acquire("o", "del", 30000, 0)
-	})
+		t.Run("token matches, no waiters: delete the key", func(t *testing.T) {
+			c := s.dial(t)
+			tok := c.acquire("o", "del", 30000, 0)
+			c.release(tok, "del")
+			// Deleted: the same token no longer matches a registered key.
+			c.send(rel(tok, "del"))
+			c.expect(notRel(tok, "del"))
+			c.acquire("o", "del", 30000, 0)
+		})
 
-	t.Run("token differs: nothing, the lock stays", func(t *testing.T) {
-		c := s.dial(t)
-		tok := c.acquire("o", "differs", 30000, 0)
-		for _, bad := range []uint64{tok + 1, maxToken} {
-			c.send(rel(bad, "differs"))
-			c.expect(notRel(bad, "differs"))
-		}
-		if tok > 1 {
-			c.send(rel(tok-1, "differs"))
-			c.expect(notRel(tok-1, "differs"))
-		}
-		c.send(acq("x", "differs", 30000, 0))
-		c.expect(timedOut("x", "differs"))
-		c.release(tok, "differs")
-	})
+		t.Run("token differs: nothing, the lock stays", func(t *testing.T) {
+			c := s.dial(t)
+			tok := c.acquire("o", "differs", 30000, 0)
+			for _, bad := range []uint64{tok + 1, maxToken} {
+				c.send(rel(bad, "differs"))
+				c.expect(notRel(bad, "differs"))
+			}
+			if tok > 1 {
+				c.send(rel(tok-1, "differs"))
+				c.expect(notRel(tok-1, "differs"))
+			}
+			c.send(acq("x", "differs", 30000, 0))
+			c.expect(timedOut("x", "differs"))
+			c.release(tok, "differs")
+		})
 
-	t.Run("not registered: N", func(t *testing.T) {
-		c := s.dial(t)
-		c.send(rel(1, "never"), rel(maxToken, "never"))
-		c.expect(notRel(1, "never"), notRel(maxToken, "never"))
-		// Still not registered afterwards.
-		c.acquire("o", "never", 30000, 0)
+		t.Run("not registered: N", func(t *testing.T) {
+			c := s.dial(t)
+			c.send(rel(1, "never"), rel(maxToken, "never"))
+			c.expect(notRel(1, "never"), notRel(maxToken, "never"))
+			// Still not registered afterwards.
+			c.acquire("o", "never", 30000, 0)
+		})
 	})
 }
 
 // TestFIFOThreeWaiters: releases hand the key over in queue order, each with a higher token.
 func TestFIFOThreeWaiters(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
-	h := s.dial(t)
-	tok := h.acquire("h", "fifo", 30000, 0)
-	var ws []*conn
-	for i := 1; i <= 3; i++ {
-		w := s.dial(t)
-		w.send(acq(fmt.Sprintf("w%d", i), "fifo", 30000, 10000))
-		w.sync("fifo") // queued before the next one asks
-		ws = append(ws, w)
-	}
-	for i, w := range ws {
+	bothModes(t, func(t *testing.T, s *server) {
+		h := s.dial(t)
+		tok := h.acquire("h", "fifo", 30000, 0)
+		var ws []*conn
+		for i := 1; i <= 3; i++ {
+			w := s.dial(t)
+			w.send(acq(fmt.Sprintf("w%d", i), "fifo", 30000, 10000))
+			w.sync("fifo") // queued before the next one asks
+			ws = append(ws, w)
+		}
+		for i, w := range ws {
+			h.release(tok, "fifo")
+			next := w.expectAcquired(fmt.Sprintf("w%d", i+1), "fifo")
+			if next <= tok {
+				t.Fatalf("waiter %d got token %d, not above %d", i+1, next, tok)
+			}
+			for _, other := range ws[i+1:] {
+				other.expectNothing(50 * time.Millisecond)
+			}
+			tok = next
+		}
 		h.release(tok, "fifo")
-		next := w.expectAcquired(fmt.Sprintf("w%d", i+1), "fifo")
-		if next <= tok {
-			t.Fatalf("waiter %d got token %d, not above %d", i+1, next, tok)
-		}
-		for _, other := range ws[i+1:] {
-			other.expectNothing(50 * time.Millisecond)
-		}
-		tok = next
-	}
-	h.release(tok, "fifo")
-	h.acquire("h", "fifo", 30000, 0)
+		h.acquire("h", "fifo", 30000, 0)
+	})
 }
 
 // TestWaitTimeout: a queued acquire gets T once wait_ms has passed, not before.
 func TestWaitTimeout(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
-	h := s.dial(t)
-	w := s.dial(t)
-	tok := h.acquire("h", "wt", 30000, 0)
-	start := time.Now()
-	w.send(acq("w", "wt", 30000, 200))
-	line, err := w.readLine(3 * time.Second)
-	d := time.Since(start)
-	if err != nil {
-		t.Fatalf("want %q within 3s, got %v", timedOut("w", "wt"), err)
-	}
-	if line != timedOut("w", "wt") {
-		t.Fatalf("want %q, got %q", timedOut("w", "wt"), line)
-	}
-	if d < 200*time.Millisecond {
-		t.Fatalf("T after %v, before wait_ms=200", d)
-	}
-	t.Logf("T after %v", d)
-	// The timed-out waiter left the queue: the release gives the key to nobody.
-	h.release(tok, "wt")
-	w.expectNothing(quiet)
-	h.acquire("h2", "wt", 30000, 0)
+	bothModes(t, func(t *testing.T, s *server) {
+		h := s.dial(t)
+		w := s.dial(t)
+		tok := h.acquire("h", "wt", 30000, 0)
+		start := time.Now()
+		w.send(acq("w", "wt", 30000, 200))
+		line, err := w.readLine(3 * time.Second)
+		d := time.Since(start)
+		if err != nil {
+			t.Fatalf("want %q within 3s, got %v", timedOut("w", "wt"), err)
+		}
+		if line != timedOut("w", "wt") {
+			t.Fatalf("want %q, got %q", timedOut("w", "wt"), line)
+		}
+		if d < 200*time.Millisecond {
+			t.Fatalf("T after %v, before wait_ms=200", d)
+		}
+		t.Logf("T after %v", d)
+		// The timed-out waiter left the queue: the release gives the key to nobody.
+		h.release(tok, "wt")
+		w.expectNothing(quiet)
+		h.acquire("h2", "wt", 30000, 0)
+	})
 }
 
 // TestLazyTakeOver: in single mode an acquire that finds an expired lease takes the key over at once.
@@ -456,29 +460,30 @@ func TestCapacity(t *testing.T) {
 // TestOutOfOrderAnswers: a waiting acquire does not hold back the answers to later requests.
 func TestOutOfOrderAnswers(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
-	h := s.dial(t)
-	c := s.dial(t)
-	tok := h.acquire("h", "slow", 30000, 0)
-	c.send(acq("c.1", "slow", 30000, 10000), acq("c.2", "fast", 30000, 0), rel(7, "nokey"), acq("c.3", "slow", 30000, 0))
-	// The three later requests are answered first, in any order.
-	var tok2 uint64
-	var rest []string
-	for range 3 {
-		line := c.next()
-		if tok, ok := parseAcquired(line, "c.2", "fast"); ok && tok2 == 0 {
-			tok2 = tok
-			continue
+	bothModes(t, func(t *testing.T, s *server) {
+		h := s.dial(t)
+		c := s.dial(t)
+		tok := h.acquire("h", "slow", 30000, 0)
+		c.send(acq("c.1", "slow", 30000, 10000), acq("c.2", "fast", 30000, 0), rel(7, "nokey"), acq("c.3", "slow", 30000, 0))
+		// The three later requests are answered first, in any order.
+		var tok2 uint64
+		var rest []string
+		for range 3 {
+			line := c.next()
+			if tok, ok := parseAcquired(line, "c.2", "fast"); ok && tok2 == 0 {
+				tok2 = tok
+				continue
+			}
+			rest = append(rest, line)
 		}
-		rest = append(rest, line)
-	}
-	if want := []string{notRel(7, "nokey"), timedOut("c.3", "slow")}; tok2 == 0 || !sameSet(rest, want) {
-		t.Fatalf("want A <token> c.2 fast, %q and %q first; got A for c.2: %v, others %q", want[0], want[1], tok2 != 0, rest)
-	}
-	c.release(tok2, "fast")
-	c.expectNothing(quiet)
-	h.release(tok, "slow")
-	c.expectAcquired("c.1", "slow")
+		if want := []string{notRel(7, "nokey"), timedOut("c.3", "slow")}; tok2 == 0 || !sameSet(rest, want) {
+			t.Fatalf("want A <token> c.2 fast, %q and %q first; got A for c.2: %v, others %q", want[0], want[1], tok2 != 0, rest)
+		}
+		c.release(tok2, "fast")
+		c.expectNothing(quiet)
+		h.release(tok, "slow")
+		c.expectAcquired("c.1", "slow")
+	})
 }
 
 // TestPipeline20000 writes 20,000 requests in one go while a reader checks every answer.
@@ -586,48 +591,50 @@ func TestPipeline20000(t *testing.T) {
 // TestOneByteAtATime: a request split into single-byte writes is one request.
 func TestOneByteAtATime(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
-	c := s.dial(t)
-	trickle := func(p string) {
-		for i := 0; i < len(p); i++ {
-			c.sendRaw([]byte{p[i]})
-			time.Sleep(2 * time.Millisecond)
+	bothModes(t, func(t *testing.T, s *server) {
+		c := s.dial(t)
+		trickle := func(p string) {
+			for i := 0; i < len(p); i++ {
+				c.sendRaw([]byte{p[i]})
+				time.Sleep(2 * time.Millisecond)
+			}
 		}
-	}
-	trickle("A slow-owner slow-key 30000 0\n")
-	tok := c.expectAcquired("slow-owner", "slow-key")
-	c.expectNothing(50 * time.Millisecond)
-	trickle(fmt.Sprintf("R %d slow-key\r\n", tok))
-	c.expect(released(tok, "slow-key"))
-	// The answers of two frames split across writes at an odd point.
-	trickle("A a b 10")
-	c.expectNothing(50 * time.Millisecond)
-	trickle("00 0\nR 99 b\n")
-	line := c.next()
-	if _, ok := parseAcquired(line, "a", "b"); !ok {
-		t.Fatalf("want A <token> a b, got %q", line)
-	}
-	c.expect(notRel(99, "b"))
+		trickle("A slow-owner slow-key 30000 0\n")
+		tok := c.expectAcquired("slow-owner", "slow-key")
+		c.expectNothing(50 * time.Millisecond)
+		trickle(fmt.Sprintf("R %d slow-key\r\n", tok))
+		c.expect(released(tok, "slow-key"))
+		// The answers of two frames split across writes at an odd point.
+		trickle("A a b 10")
+		c.expectNothing(50 * time.Millisecond)
+		trickle("00 0\nR 99 b\n")
+		line := c.next()
+		if _, ok := parseAcquired(line, "a", "b"); !ok {
+			t.Fatalf("want A <token> a b, got %q", line)
+		}
+		c.expect(notRel(99, "b"))
+	})
 }
 
 // TestFieldLimitsAccepted: the largest and oddest valid values are accepted.
 func TestFieldLimitsAccepted(t *testing.T) {
 	t.Parallel()
-	s := startServer(t)
-	c := s.dial(t)
-	key250 := strings.Repeat("k", 250)
-	owner128 := strings.Repeat("o", 128)
-	tok := c.acquire(owner128, key250, 3600000, 3600000)
-	c.release(tok, key250)
+	bothModes(t, func(t *testing.T, s *server) {
+		c := s.dial(t)
+		key250 := strings.Repeat("k", 250)
+		owner128 := strings.Repeat("o", 128)
+		tok := c.acquire(owner128, key250, 3600000, 3600000)
+		c.release(tok, key250)
 
-	high := "k\xc3\xa9\x80\xff~!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}"
-	c.acquire("\xff", high, 1, 0)
-	c.send(rel(maxToken, high))
-	c.expect(notRel(maxToken, high))
+		high := "k\xc3\xa9\x80\xff~!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}"
+		c.acquire("\xff", high, 1, 0)
+		c.send(rel(maxToken, high))
+		c.expect(notRel(maxToken, high))
 
-	// "\r\n" ends a line as "\n" does.
-	c.sendRaw([]byte("A crlf crlf 30000 0\r\n"))
-	tok = c.expectAcquired("crlf", "crlf")
-	c.sendRaw([]byte(fmt.Sprintf("R %d crlf\r\n", tok)))
-	c.expect(released(tok, "crlf"))
+		// "\r\n" ends a line as "\n" does.
+		c.sendRaw([]byte("A crlf crlf 30000 0\r\n"))
+		tok = c.expectAcquired("crlf", "crlf")
+		c.sendRaw([]byte(fmt.Sprintf("R %d crlf\r\n", tok)))
+		c.expect(released(tok, "crlf"))
+	})
 }
