@@ -1,0 +1,183 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// hist builds histories by hand, times in milliseconds.
+type hist struct {
+	h  *History
+	id int64
+}
+
+func newHist() *hist { return &hist{h: &History{}} }
+
+func ms(v int64) int64 { return v * int64(time.Millisecond) }
+
+func (b *hist) add(o *Op) *Op {
+	b.id++
+	o.ID = b.id
+	if o.Result == ResUnknown {
+		o.Complete = -1
+	}
+	b.h.Ops = append(b.h.Ops, o)
+	return o
+}
+
+func (b *hist) acq(worker int, key string, lease uint64, inv, comp int64, res string, tok uint64) *Op {
+	return b.add(&Op{Worker: worker, Kind: 'A', Owner: "o", Key: key, LeaseMs: lease, Invoke: ms(inv), Complete: ms(comp), Result: res, Token: tok})
+}
+
+func (b *hist) rel(worker int, key string, tok uint64, inv, comp int64, res string) *Op {
+	return b.add(&Op{Worker: worker, Kind: 'R', Key: key, Token: tok, Invoke: ms(inv), Complete: ms(comp), Result: res})
+}
+
+func (b *hist) write(worker int, key string, g *Op, at int64, res string) *Op {
+	return b.add(&Op{Worker: worker, Kind: 'W', Key: key, Token: g.Token, Grant: g.ID, Invoke: ms(at), Complete: ms(at), Result: res})
+}
+
+func checkModes(t *testing.T, b *hist, want string) {
+	t.Helper()
+	for _, mode := range []string{"single", "cluster"} {
+		r := Check(b.h, CheckConfig{Mode: mode, MaxLease: ms(5000), LinTimeout: 10 * time.Second})
+		got := map[string]bool{}
+		for _, v := range r.Violations {
+			got[v.Check] = true
+		}
+		if want == "" {
+			if len(r.Violations) > 0 || len(r.Notes) > 0 {
+				t.Errorf("%s: want no violation, got %v %v", mode, r.Violations, r.Notes)
+			}
+			continue
+		}
+		if !got[want] {
+			t.Errorf("%s: want a %q violation, got %v", mode, want, r.Violations)
+		}
+	}
+}
+
+// A legal history: grants one after another, a wait, a lease that expires
+// and is taken over, releases, a T while held, a late release answered N.
+func TestCheckLegalHistory(t *testing.T) {
+	b := newHist()
+	g1 := b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+	b.write(1, "k", g1, 2, ResAccepted)
+	b.acq(2, "k", 1000, 5, 6, ResTimedOut, 0)
+	b.rel(1, "k", 1, 10, 11, ResReleased)
+	g2 := b.acq(2, "k", 300, 20, 21, ResGranted, 2)
+	b.write(2, "k", g2, 22, ResAccepted)
+	// g2 lets its lease run out; cluster mode ends it 500ms late.
+	g3 := b.acq(3, "k", 1000, 900, 901, ResGranted, 5)
+	b.write(3, "k", g3, 902, ResAccepted)
+	b.write(2, "k", g2, 903, ResRefused) // stale holder fenced off
+	b.rel(2, "k", 2, 950, 951, ResNotReleased)
+	b.rel(3, "k", 5, 1000, 1001, ResReleased)
+	b.rel(3, "k", 5, 1002, 1003, ResNotReleased)
+	// An acquire whose connection broke: maybe granted, never seen.
+	b.acq(4, "k", 200, 1100, 0, ResUnknown, 0)
+	b.acq(5, "k", 1000, 1400, 1401, ResGranted, 7)
+	checkModes(t, b, "")
+}
+
+func TestCheckFlagsDoubleGrant(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+	b.acq(2, "k", 1000, 100, 101, ResGranted, 2) // token 1's lease runs to 1000 at least
+	checkModes(t, b, CheckExclusion)
+	checkModes(t, b, CheckLinearLock)
+}
+
+func TestCheckFlagsDoubleGrantAtTheRegister(t *testing.T) {
+	b := newHist()
+	g1 := b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+	g2 := b.acq(2, "k", 1000, 100, 101, ResGranted, 2)
+	b.write(2, "k", g2, 102, ResAccepted)
+	b.write(1, "k", g1, 103, ResRefused)
+	checkModes(t, b, CheckRegister)
+}
+
+func TestCheckFlagsTokenGoingBack(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 100, 0, 1, ResGranted, 7)
+	b.rel(1, "k", 7, 2, 3, ResReleased)
+	b.acq(2, "k", 100, 10, 11, ResGranted, 5)
+	checkModes(t, b, CheckTokens)
+	checkModes(t, b, CheckLinearLock)
+}
+
+func TestCheckFlagsRepeatedToken(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 100, 0, 1, ResGranted, 3)
+	b.acq(2, "k", 100, 0, 500, ResGranted, 3)
+	checkModes(t, b, CheckTokens)
+}
+
+// A release acknowledged but lost: the token still releases, or the key
+// still reads as held.
+func TestCheckFlagsLostRelease(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 10000, 0, 1, ResGranted, 1)
+	b.rel(1, "k", 1, 10, 11, ResReleased)
+	b.rel(1, "k", 1, 20, 21, ResReleased)
+	checkModes(t, b, CheckDurability)
+
+	b = newHist()
+	b.acq(1, "k", 10000, 0, 1, ResGranted, 1)
+	b.rel(1, "k", 1, 10, 11, ResReleased)
+	b.acq(2, "k", 10000, 20, 21, ResTimedOut, 0) // nobody holds it
+	checkModes(t, b, CheckLinearLock)
+}
+
+// An acknowledged grant that the server forgot.
+func TestCheckFlagsForgottenGrant(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 10000, 0, 1, ResGranted, 1)
+	b.rel(1, "k", 1, 100, 101, ResNotReleased)
+	checkModes(t, b, CheckDurability)
+}
+
+// Single mode may forget holders in a crash, but no key may be granted
+// while a lease from before it could run.
+func TestCheckCrashInSingleMode(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 3000, 0, 1, ResGranted, 1)
+	b.h.Events = append(b.h.Events, &Event{Start: ms(100), End: ms(600), Kind: EvCrash})
+	b.rel(1, "k", 1, 700, 701, ResNotReleased)    // forgotten: allowed
+	b.acq(2, "k", 1000, 800, 801, ResTimedOut, 0) // grace
+	r := Check(b.h, CheckConfig{Mode: "single", MaxLease: ms(5000)})
+	if len(r.Violations) > 0 {
+		t.Fatalf("legal crash history flagged: %v", r.Violations)
+	}
+	b.acq(3, "k", 1000, 900, 901, ResGranted, 1000) // before token 1's lease ended
+	r = Check(b.h, CheckConfig{Mode: "single", MaxLease: ms(5000)})
+	var got []string
+	for _, v := range r.Violations {
+		got = append(got, v.Check)
+	}
+	if !strings.Contains(strings.Join(got, ","), CheckExclusion) {
+		t.Fatalf("grant during grace not flagged: %v", r.Violations)
+	}
+}
+
+func TestCheckFlagsDuplicateAnswer(t *testing.T) {
+	b := newHist()
+	b.h.Anomalies = append(b.h.Anomalies, &Anomaly{At: ms(5), What: "answer matches no request in flight", Line: "A 3 o k\n"})
+	checkModes(t, b, CheckOnce)
+}
+
+// A T in single mode when the holder's lease had certainly ended: the
+// server should have taken the key over.
+func TestCheckFlagsStaleHeldInSingleMode(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 100, 0, 1, ResGranted, 1)
+	b.acq(2, "k", 100, 500, 501, ResTimedOut, 0)
+	r := Check(b.h, CheckConfig{Mode: "single", MaxLease: ms(5000)})
+	if len(r.Violations) == 0 {
+		t.Fatal("T long after the only lease ended not flagged in single mode")
+	}
+	if r := Check(b.h, CheckConfig{Mode: "cluster"}); len(r.Violations) > 0 {
+		t.Fatalf("cluster mode holds a key until Expire commits, flagged: %v", r.Violations)
+	}
+}

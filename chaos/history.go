@@ -1,0 +1,203 @@
+// Package chaos is ticketd's fault campaign: it starts ticketd (one process,
+// or a 3-node cluster), drives workloads over many raw protocol connections,
+// injects faults on a seeded schedule (kill -9, SIGSTOP, clean restarts,
+// partitions, clock offsets), records every request with its invoke and
+// complete time on one monotonic clock, and checks the history for the
+// properties a lock service promises: one holder per key, fencing tokens that
+// only grow, acknowledged grants and releases that stay true, and every
+// request answered exactly once unless its connection broke.
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// Result of an operation. Unknown means the outcome cannot be known: the
+// connection broke (or the client gave up) with the request unanswered.
+const (
+	ResGranted     = "A"
+	ResTimedOut    = "T"
+	ResBusy        = "B"
+	ResReleased    = "R"
+	ResNotReleased = "N"
+	ResUnknown     = "?"
+	ResAccepted    = "ok"      // register write accepted
+	ResRefused     = "refused" // register write refused (lower token)
+)
+
+// Op is one request in the history. Times are nanoseconds since the
+// campaign's start on the campaign's monotonic clock; Complete is -1 while
+// the outcome is unknown.
+type Op struct {
+	ID       int64  `json:"id"`
+	Worker   int    `json:"worker"`
+	Conn     int    `json:"conn"`
+	Node     int    `json:"node"`
+	Kind     byte   `json:"kind"` // 'A' acquire, 'R' release, 'W' fenced register write
+	Workload string `json:"workload,omitempty"`
+	Owner    string `json:"owner,omitempty"`
+	Key      string `json:"key"`
+	LeaseMs  uint64 `json:"lease_ms,omitempty"`
+	WaitMs   uint64 `json:"wait_ms,omitempty"`
+	Token    uint64 `json:"token,omitempty"` // A: granted; R: released; W: written
+	Invoke   int64  `json:"invoke"`
+	Complete int64  `json:"complete"`
+	Result   string `json:"result"`
+	Why      string `json:"why,omitempty"` // for an unknown outcome
+	// For a register write: the grant (op id) whose token is written.
+	Grant int64 `json:"grant,omitempty"`
+}
+
+func (o *Op) String() string {
+	c := "?"
+	if o.Complete >= 0 {
+		c = fmtT(o.Complete)
+	}
+	switch o.Kind {
+	case 'A':
+		s := fmt.Sprintf("#%d [%s..%s] w%d c%d n%d A %s %s lease=%d wait=%d -> %s", o.ID, fmtT(o.Invoke), c, o.Worker, o.Conn, o.Node, o.Owner, o.Key, o.LeaseMs, o.WaitMs, o.Result)
+		if o.Result == ResGranted {
+			s += fmt.Sprintf(" token=%d", o.Token)
+		}
+		if o.Why != "" {
+			s += " (" + o.Why + ")"
+		}
+		return s
+	case 'R':
+		s := fmt.Sprintf("#%d [%s..%s] w%d c%d n%d R %d %s -> %s", o.ID, fmtT(o.Invoke), c, o.Worker, o.Conn, o.Node, o.Token, o.Key, o.Result)
+		if o.Why != "" {
+			s += " (" + o.Why + ")"
+		}
+		return s
+	default:
+		return fmt.Sprintf("#%d [%s..%s] w%d register %s write token=%d (grant #%d) -> %s", o.ID, fmtT(o.Invoke), c, o.Worker, o.Key, o.Token, o.Grant, o.Result)
+	}
+}
+
+// Event is a fault or a process action, with the window it covered.
+type Event struct {
+	Start  int64  `json:"start"`
+	End    int64  `json:"end"`
+	Kind   string `json:"kind"` // see the Ev* constants
+	Nodes  []int  `json:"nodes,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Event kinds. A crash is kill -9 through the restart that follows.
+const (
+	EvCrash     = "crash"     // kill -9, then restart on the same data dir
+	EvPause     = "pause"     // SIGSTOP ... SIGCONT
+	EvRestart   = "restart"   // SIGTERM, then restart (clean)
+	EvPartition = "partition" // network cut between node groups
+	EvClock     = "clock"     // a node's clock offset (or jump)
+	EvCrashAll  = "crash-all" // kill -9 of every node, then restart
+)
+
+// Anomaly is something the recorder saw that the protocol rules out: an
+// answer nobody asked for (a duplicate), or a line it could not parse.
+type Anomaly struct {
+	At   int64  `json:"at"`
+	Conn int    `json:"conn"`
+	Node int    `json:"node"`
+	What string `json:"what"`
+	Line string `json:"line"`
+}
+
+// History is what a campaign recorded. It is safe for concurrent use while
+// recording.
+type History struct {
+	mu        sync.Mutex
+	start     time.Time
+	nextID    int64
+	Ops       []*Op      `json:"ops"`
+	Events    []*Event   `json:"events"`
+	Anomalies []*Anomaly `json:"anomalies"`
+	Unavail   []int64    `json:"unavailable"` // times of E unavailable lines
+}
+
+// NewHistory starts the campaign clock.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the campaign clock.
+func (h *History) Now() int64 { return int64(time.Since(h.start)) }
+
+// Invoke records the start of op (its Invoke is set now) and returns it.
+func (h *History) Invoke(op *Op) *Op {
+	h.mu.Lock()
+	h.nextID++
+	op.ID = h.nextID
+	op.Complete = -1
+	op.Result = ResUnknown
+	op.Invoke = h.Now()
+	h.Ops = append(h.Ops, op)
+	h.mu.Unlock()
+	return op
+}
+
+// Complete records op's outcome at time at.
+func (h *History) Complete(op *Op, at int64, result string, token uint64) {
+	h.mu.Lock()
+	op.Complete, op.Result = at, result
+	if token != 0 {
+		op.Token = token
+	}
+	h.mu.Unlock()
+}
+
+// Lose marks op's outcome as unknown.
+func (h *History) Lose(op *Op, why string) {
+	h.mu.Lock()
+	if op.Complete < 0 {
+		op.Why = why
+	}
+	h.mu.Unlock()
+}
+
+// Event records a fault window.
+func (h *History) Event(e *Event) {
+	h.mu.Lock()
+	h.Events = append(h.Events, e)
+	h.mu.Unlock()
+}
+
+// Anomaly records an anomaly.
+func (h *History) Anomaly(a *Anomaly) {
+	h.mu.Lock()
+	h.Anomalies = append(h.Anomalies, a)
+	h.mu.Unlock()
+}
+
+func (h *History) unavailable(at int64) {
+	h.mu.Lock()
+	h.Unavail = append(h.Unavail, at)
+	h.mu.Unlock()
+}
+
+// WriteJSON writes the history, one op per line after a header of events.
+func (h *History) WriteJSON(w io.Writer) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	enc := json.NewEncoder(w)
+	for _, e := range h.Events {
+		if err := enc.Encode(map[string]any{"event": e}); err != nil {
+			return err
+		}
+	}
+	for _, a := range h.Anomalies {
+		if err := enc.Encode(map[string]any{"anomaly": a}); err != nil {
+			return err
+		}
+	}
+	for _, o := range h.Ops {
+		if err := enc.Encode(o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func fmtT(ns int64) string { return fmt.Sprintf("%.3fs", float64(ns)/1e9) }

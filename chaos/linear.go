@@ -1,0 +1,253 @@
+package chaos
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// The lock of one key as a sequential object, for porcupine. Leases make it
+// time-dependent, and porcupine's step function sees no time, so each
+// operation carries its own call and return times and the model asks only
+// what they allow: a lease that started after its acquire was sent cannot
+// end before call+lease, so a later grant is possible only if that has
+// passed by the later operation's return; a holder counts as live for a T
+// (single mode) only while its answer's return plus lease has not passed by
+// the T's call. These bounds are loose in the system's favour, so the model
+// flags only histories no legal execution could produce.
+
+const ghost = math.MaxUint64 // a grant whose answer never arrived: token unknown
+
+type lockState struct {
+	holder     uint64 // 0: free
+	hCall      int64  // holder's acquire call
+	hRet       int64  // holder's acquire return (MaxInt64 for a ghost)
+	lease      int64  // holder's lease, ns
+	forgotten  bool   // single mode: the server lost this holder in a crash; its lease still binds
+	last       uint64 // largest token known granted
+	graceUntil int64  // single mode: after a crash, free keys may answer T until then
+}
+
+type lockIn struct {
+	kind      byte // 'A', 'R', 'C' (crash)
+	token     uint64
+	lease     int64
+	call, ret int64
+	op        *Op
+}
+
+type lockOut struct {
+	res   string
+	token uint64
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func lockModel(cfg CheckConfig) porcupine.Model {
+	single := cfg.Mode == "single"
+	// canEnd: the holder's lease (or a ghost, which the server may have
+	// released as undeliverable at any time) may be over by the time ret.
+	canEnd := func(s lockState, ret int64) bool {
+		return s.holder == ghost || satAdd(s.hCall, s.lease) <= ret
+	}
+	held := func(s lockState, call int64) bool {
+		if s.holder == 0 {
+			return false
+		}
+		if !single || s.holder == ghost {
+			return true // cluster: held until a committed Expire, whenever that is
+		}
+		return call < satAdd(s.hRet, s.lease)
+	}
+	step := func(st, inp, outp any) []any {
+		s, in, out := st.(lockState), inp.(lockIn), outp.(lockOut)
+		switch in.kind {
+		case 'C':
+			n := s
+			if n.holder != 0 {
+				n.forgotten = true
+			}
+			n.graceUntil = max(n.graceUntil, in.call+cfg.MaxLease+int64(2*time.Second))
+			return []any{n}
+		case 'A':
+			free := s.holder == 0 || canEnd(s, in.ret)
+			grant := func(tok uint64) lockState {
+				n := lockState{holder: tok, hCall: in.call, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil}
+				if tok != ghost {
+					n.last = tok
+				}
+				return n
+			}
+			switch out.res {
+			case ResGranted:
+				if free && out.token > s.last {
+					return []any{grant(out.token)}
+				}
+				return nil
+			case ResTimedOut:
+				if held(s, in.call) || (single && in.call < s.graceUntil) {
+					return []any{s}
+				}
+				return nil
+			case ResBusy:
+				return []any{s}
+			default: // unknown: not carried out, or granted with a token never seen
+				if free {
+					return []any{s, grant(ghost)}
+				}
+				return []any{s}
+			}
+		case 'R':
+			mine := s.holder == in.token && !s.forgotten
+			switch out.res {
+			case ResReleased:
+				if mine {
+					return []any{lockState{last: s.last, graceUntil: s.graceUntil}}
+				}
+				return nil
+			case ResNotReleased:
+				if !mine {
+					return []any{s}
+				}
+				if canEnd(s, in.ret) { // expired and gone
+					return []any{lockState{last: s.last, graceUntil: s.graceUntil}}
+				}
+				return nil
+			default:
+				if mine {
+					return []any{s, lockState{last: s.last, graceUntil: s.graceUntil}}
+				}
+				return []any{s}
+			}
+		}
+		return nil
+	}
+	nm := &porcupine.NondeterministicModel{
+		Init: func() []any { return []any{lockState{}} },
+		Step: step,
+		DescribeOperation: func(inp, outp any) string {
+			in, out := inp.(lockIn), outp.(lockOut)
+			if in.op == nil {
+				return "crash"
+			}
+			return fmt.Sprintf("%s -> %s %d", in.op.String(), out.res, out.token)
+		},
+	}
+	return nm.ToModel()
+}
+
+// registerModel: a register that keeps the largest token written and
+// refuses lower ones.
+func registerModel() porcupine.Model {
+	return porcupine.Model{
+		Init: func() any { return uint64(0) },
+		Step: func(st, inp, outp any) (bool, any) {
+			cur, tok, ok := st.(uint64), inp.(uint64), outp.(bool)
+			if ok {
+				return tok >= cur, max(cur, tok)
+			}
+			return tok < cur, cur
+		},
+	}
+}
+
+func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashes []*Event, cfg CheckConfig, r *CheckResult) {
+	model := lockModel(cfg)
+	reg := registerModel()
+	var lockHist, regHist [][]porcupine.Operation
+	var lockKeys, regKeys []string
+	for _, k := range keys {
+		var lh, rh []porcupine.Operation
+		for _, o := range byKey[k] {
+			ret := o.Complete
+			if ret < 0 {
+				ret = math.MaxInt64
+			}
+			switch o.Kind {
+			case 'A', 'R':
+				lh = append(lh, porcupine.Operation{ClientId: o.Worker, Call: o.Invoke, Return: ret,
+					Input:  lockIn{kind: o.Kind, token: o.Token, lease: int64(o.LeaseMs) * int64(time.Millisecond), call: o.Invoke, ret: ret, op: o},
+					Output: lockOut{res: o.Result, token: o.Token}})
+			case 'W':
+				rh = append(rh, porcupine.Operation{ClientId: o.Worker, Call: o.Invoke, Return: o.Complete,
+					Input: o.Token, Output: o.Result == ResAccepted})
+			}
+		}
+		if len(lh) > 1 {
+			for _, c := range crashes {
+				lh = append(lh, porcupine.Operation{ClientId: -1, Call: c.Start, Return: c.End,
+					Input: lockIn{kind: 'C', call: c.Start, ret: c.End}, Output: lockOut{}})
+			}
+			sort.SliceStable(lh, func(i, j int) bool { return lh[i].Call < lh[j].Call })
+			lockHist = append(lockHist, lh)
+			lockKeys = append(lockKeys, k)
+		}
+		if len(rh) > 0 {
+			regHist = append(regHist, rh)
+			regKeys = append(regKeys, k)
+		}
+	}
+	run := func(name string, m porcupine.Model, hists [][]porcupine.Operation, ks []string) {
+		for i, hist := range hists {
+			res, info := porcupine.CheckOperationsVerbose(m, hist, cfg.LinTimeout)
+			switch res {
+			case porcupine.Illegal:
+				v := Violation{Check: name, Key: ks[i], What: "no linearization exists; the longest partial one stops before these operations"}
+				v.Ops, v.At = illegalOps(info, hist)
+				r.Violations = append(r.Violations, v)
+			case porcupine.Unknown:
+				r.Notes = append(r.Notes, fmt.Sprintf("%s: key %q (%d operations) not decided within %v", name, ks[i], len(hist), cfg.LinTimeout))
+			}
+		}
+	}
+	run(CheckLinearLock, model, lockHist, lockKeys)
+	run(CheckLinearFence, reg, regHist, regKeys)
+}
+
+// illegalOps picks, from porcupine's longest partial linearization, the
+// operations right after where it got stuck: the first operation (by call)
+// not in it, and the few linearized last.
+func illegalOps(info porcupine.LinearizationInfo, hist []porcupine.Operation) ([]*Op, int64) {
+	parts := info.PartialLinearizations()
+	var best []int
+	for _, p := range parts {
+		for _, l := range p {
+			if len(l) > len(best) {
+				best = l
+			}
+		}
+	}
+	in := map[int]bool{}
+	for _, i := range best {
+		in[i] = true
+	}
+	var ops []*Op
+	var at int64
+	tail := best
+	if len(tail) > 4 {
+		tail = tail[len(tail)-4:]
+	}
+	for _, i := range tail {
+		if li, ok := hist[i].Input.(lockIn); ok && li.op != nil {
+			ops = append(ops, li.op)
+		}
+	}
+	for i := range hist {
+		if !in[i] {
+			if li, ok := hist[i].Input.(lockIn); ok && li.op != nil {
+				ops = append(ops, li.op)
+				at = li.op.Invoke
+			}
+			break
+		}
+	}
+	return ops, at
+}
