@@ -1,0 +1,140 @@
+// Command chaos runs ticketd's fault campaign: it starts ticketd (single
+// mode, and a 3-node cluster when the binary has cluster mode), drives
+// workloads from many connections, injects faults on a seeded schedule,
+// checks the recorded history, and writes a Markdown report and a PNG
+// timeline per campaign. It exits 1 if any check finds a violation.
+//
+//	chaos                  # the long campaign, both modes (about 10 minutes)
+//	chaos -quick           # about a minute per mode
+//	chaos -mode single -duration 2m -seed 7
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ticketd/ticketd/chaos"
+	"github.com/ticketd/ticketd/internal/serverproc"
+)
+
+func main() {
+	mode := flag.String("mode", "both", "single, cluster, or both")
+	quick := flag.Bool("quick", false, "about a minute per mode, every nemesis mixed")
+	duration := flag.Duration("duration", 0, "time under faults per mode (default: 50s quick; 4m single, 6m cluster)")
+	seed := flag.Uint64("seed", 0, "seed of the schedule and the workload (0: from the time)")
+	out := flag.String("out", "chaos/results", "directory for the reports, timelines and histories")
+	bin := flag.String("bin", "", "ticketd binary (default: build ./cmd/ticketd)")
+	netns := flag.Bool("netns", true, "cluster: run each node in its own network namespace, for partitions (needs root)")
+	nemeses := flag.String("nemeses", "", "comma-separated nemeses (default: every one the mode allows)")
+	flag.Parse()
+	os.Exit(run(*mode, *quick, *duration, *seed, *out, *bin, *netns, *nemeses))
+}
+
+func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin string, netns bool, nemeses string) int {
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano() % 1_000_000)
+	}
+	if bin == "" {
+		dir, err := os.MkdirTemp("", "chaos-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		defer os.RemoveAll(dir)
+		root, err := serverproc.ModuleRoot()
+		if err == nil {
+			bin, err = serverproc.Build(context.Background(), root, "./cmd/ticketd", dir)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "build ticketd:", err)
+			return 2
+		}
+	}
+	var modes []string
+	switch mode {
+	case "both":
+		modes = []string{"single", "cluster"}
+	case "single", "cluster":
+		modes = []string{mode}
+	default:
+		fmt.Fprintf(os.Stderr, "-mode %q: want single, cluster or both\n", mode)
+		return 2
+	}
+	var nems []string
+	if nemeses != "" {
+		nems = strings.Split(nemeses, ",")
+	}
+	failed := false
+	var summary []string
+	for _, m := range modes {
+		if m == "cluster" && !serverproc.SupportsCluster(bin) {
+			msg := "cluster campaign SKIPPED: " + bin + " has no cluster mode (no --peers flag)"
+			fmt.Println(msg)
+			summary = append(summary, msg)
+			continue
+		}
+		cfg := chaos.Config{Mode: m, Bin: bin, Seed: seed, Out: out, Netns: netns, Nemeses: nems, Progress: os.Stdout, Duration: duration}
+		if quick {
+			cfg.Name = m + "-quick"
+			if cfg.Duration == 0 {
+				cfg.Duration = 50 * time.Second
+			}
+			cfg.GapMin, cfg.GapMax = 1500*time.Millisecond, 3*time.Second
+		} else {
+			cfg.Name = m
+			cfg.Phased = true
+			if cfg.Duration == 0 {
+				cfg.Duration = 4 * time.Minute
+				if m == "cluster" {
+					cfg.Duration = 6 * time.Minute
+				}
+			}
+			cfg.GapMin, cfg.GapMax = 2*time.Second, 5*time.Second
+		}
+		fmt.Printf("== %s: %s mode, %v under faults, seed %d\n", cfg.Name, m, cfg.Duration, seed)
+		o, err := chaos.Run(cfg)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", cfg.Name, err)
+			failed = true
+			summary = append(summary, fmt.Sprintf("%s: could not run: %v", cfg.Name, err))
+			continue
+		}
+		line := fmt.Sprintf("%s: %d operations, %d faults, %d violations, %d problems; report %s",
+			cfg.Name, len(o.History.Ops), len(o.History.Events), len(o.Check.Violations), len(o.Problems), o.Report)
+		for _, s := range o.Skipped {
+			line += "\n  skipped: " + s
+		}
+		for _, p := range o.Problems {
+			line += "\n  PROBLEM: " + p
+		}
+		for i, v := range o.Check.Violations {
+			if i == 10 {
+				line += fmt.Sprintf("\n  ... %d more in the report", len(o.Check.Violations)-10)
+				break
+			}
+			line += "\n  VIOLATION " + v.String()
+		}
+		for _, n := range o.Check.Notes {
+			line += "\n  note: " + n
+		}
+		if o.Failed() {
+			failed = true
+		}
+		fmt.Println(line)
+		summary = append(summary, line)
+	}
+	fmt.Println("== summary")
+	for _, s := range summary {
+		fmt.Println(s)
+	}
+	if failed {
+		fmt.Println("FAILED")
+		return 1
+	}
+	fmt.Println("ok: no violation")
+	return 0
+}

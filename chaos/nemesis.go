@@ -1,0 +1,232 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Nemeses by name. Each runs one fault to its end (the process restarted,
+// the network healed, the clocks reset) and records its window.
+const (
+	NemCrash       = "crash"            // kill -9 a node (cluster: a random one), restart it
+	NemCrashLeader = "crash-leader"     // cluster: kill -9 the leader of a random shard
+	NemCrashAll    = "crash-all"        // cluster: kill -9 every node, restart them
+	NemPause       = "pause"            // SIGSTOP a node past the election timeout, then SIGCONT
+	NemPauseLeader = "pause-leader"     // cluster: the same to the leader of a random shard
+	NemRestart     = "restart"          // SIGTERM (clean shutdown) and restart
+	NemPartition   = "partition"        // cluster: one node cut off from the other two
+	NemPartLeader  = "partition-leader" // cluster: a shard leader cut off from the others
+	NemBridge      = "bridge"           // cluster: two nodes cut apart, the third sees both
+	NemClock       = "clock"            // cluster: node clocks offset within --max-clock-skew, then a jump
+)
+
+// NemesesFor lists the nemeses that apply to a mode. Single mode has no
+// peers to cut apart, and no test clock (its leases run on the monotonic
+// clock within a run).
+func NemesesFor(mode string, partitions bool) []string {
+	if mode == "single" {
+		return []string{NemCrash, NemPause, NemRestart}
+	}
+	n := []string{NemCrashLeader, NemCrash, NemPauseLeader, NemPause, NemRestart, NemClock, NemCrashAll}
+	if partitions {
+		n = append(n, NemPartition, NemPartLeader, NemBridge)
+	}
+	return n
+}
+
+type nemesis struct {
+	tg  *target
+	h   *History
+	rng *rand.Rand
+	// current describes the fault under way, for the progress line.
+	current func(string)
+	errs    []string
+}
+
+func (n *nemesis) dur(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(n.rng.Int64N(int64(hi-lo)+1))
+}
+
+func (n *nemesis) randomNode() int { return n.tg.ids()[n.rng.IntN(len(n.tg.nodes))] }
+
+// leader is the leader of a random shard, or a random node if none is known.
+func (n *nemesis) leader() (int, string) {
+	ls := n.tg.leaders()
+	if len(ls) == 0 {
+		id := n.randomNode()
+		return id, "no leader known; random node"
+	}
+	shards := make([]int, 0, len(ls))
+	for s := range ls {
+		shards = append(shards, s)
+	}
+	slices.Sort(shards)
+	s := shards[n.rng.IntN(len(shards))]
+	return ls[s], fmt.Sprintf("leader of shard %d", s)
+}
+
+func (n *nemesis) fail(format string, args ...any) {
+	n.errs = append(n.errs, fmt.Sprintf(format, args...))
+}
+
+// run performs one nemesis and returns its event.
+func (n *nemesis) run(name string) *Event {
+	ev := &Event{Start: n.h.Now()}
+	defer func() {
+		ev.End = n.h.Now()
+		n.h.Event(ev)
+		n.current("")
+		if err := n.tg.waitReady(30 * time.Second); err != nil {
+			n.fail("after %s: %v", name, err)
+		}
+	}()
+	say := func(format string, args ...any) {
+		ev.Detail = fmt.Sprintf(format, args...)
+		n.current(name + ": " + ev.Detail)
+	}
+	switch name {
+	case NemCrash, NemCrashLeader:
+		id, why := n.randomNode(), "random node"
+		if name == NemCrashLeader {
+			id, why = n.leader()
+		}
+		down := n.dur(300*time.Millisecond, 2*time.Second)
+		ev.Kind, ev.Nodes = EvCrash, []int{id}
+		say("kill -9 node %d (%s), restart after %v", id, why, down.Round(time.Millisecond))
+		n.tg.kill(id)
+		time.Sleep(down)
+		if err := n.tg.start(n.tg.node(id)); err != nil {
+			n.fail("restart node %d: %v", id, err)
+		}
+	case NemCrashAll:
+		ev.Kind, ev.Nodes = EvCrashAll, n.tg.ids()
+		say("kill -9 every node, restart after 1s")
+		for _, id := range n.tg.ids() {
+			n.tg.kill(id)
+		}
+		time.Sleep(time.Second)
+		for _, nd := range n.tg.nodes {
+			if err := n.tg.launch(nd); err != nil {
+				n.fail("restart node %d: %v", nd.id, err)
+			}
+		}
+		for _, nd := range n.tg.nodes {
+			if err := n.tg.waitListening(nd, 60*time.Second); err != nil {
+				n.fail("restart node %d: %v", nd.id, err)
+			}
+		}
+	case NemPause, NemPauseLeader:
+		id, why := n.randomNode(), "random node"
+		if name == NemPauseLeader {
+			id, why = n.leader()
+		}
+		d := n.dur(time.Second, 4*time.Second)
+		ev.Kind, ev.Nodes = EvPause, []int{id}
+		say("SIGSTOP node %d (%s) for %v", id, why, d.Round(time.Millisecond))
+		if err := n.tg.pause(id); err != nil {
+			n.fail("SIGSTOP node %d: %v", id, err)
+		}
+		time.Sleep(d)
+		if err := n.tg.resume(id); err != nil {
+			n.fail("SIGCONT node %d: %v", id, err)
+		}
+	case NemRestart:
+		id := n.randomNode()
+		ev.Kind, ev.Nodes = EvRestart, []int{id}
+		say("SIGTERM node %d, restart", id)
+		if err := n.tg.term(id); err != nil {
+			n.fail("clean shutdown of node %d: %v", id, err)
+		}
+		if err := n.tg.start(n.tg.node(id)); err != nil {
+			n.fail("restart node %d: %v", id, err)
+		}
+	case NemPartition, NemPartLeader, NemBridge:
+		ev.Kind = EvPartition
+		d := n.dur(2*time.Second, 7*time.Second)
+		ids := n.tg.ids()
+		var a, b []int
+		var what string
+		switch name {
+		case NemBridge:
+			perm := n.rng.Perm(3)
+			a, b = []int{ids[perm[0]]}, []int{ids[perm[1]]}
+			what = fmt.Sprintf("bridge: %d and %d cut apart, %d sees both", a[0], b[0], ids[perm[2]])
+		default:
+			id, why := n.randomNode(), "random node"
+			if name == NemPartLeader {
+				id, why = n.leader()
+			}
+			a = []int{id}
+			for _, o := range ids {
+				if o != id {
+					b = append(b, o)
+				}
+			}
+			what = fmt.Sprintf("node %d (%s) cut off from %v", id, why, b)
+		}
+		ev.Nodes = append(slices.Clone(a), b...)
+		say("%s for %v", what, d.Round(time.Millisecond))
+		if err := n.tg.net.cut(a, b); err != nil {
+			n.fail("partition: %v", err)
+		}
+		time.Sleep(d)
+		if err := n.tg.net.heal(); err != nil {
+			n.fail("heal: %v", err)
+		}
+	case NemClock:
+		// Offsets within ±240ms keep every pair of nodes less than
+		// --max-clock-skew (500ms) apart, where the lease promise holds.
+		ev.Kind, ev.Nodes = EvClock, n.tg.ids()
+		offs := map[int]time.Duration{}
+		var parts []string
+		for _, id := range n.tg.ids() {
+			offs[id] = time.Duration(n.rng.IntN(481)-240) * time.Millisecond
+			parts = append(parts, fmt.Sprintf("n%d %+v", id, offs[id]))
+		}
+		jumper := n.randomNode()
+		to := 240 * time.Millisecond
+		if offs[jumper] > 0 {
+			to = -to
+		}
+		say("offsets %s, then node %d jumps to %+v", strings.Join(parts, ", "), jumper, to)
+		for id, o := range offs {
+			if err := n.tg.setClock(id, o); err != nil {
+				n.fail("clock: %v", err)
+			}
+		}
+		time.Sleep(n.dur(3*time.Second, 6*time.Second))
+		n.tg.setClock(jumper, to)
+		time.Sleep(n.dur(2*time.Second, 4*time.Second))
+		for _, id := range n.tg.ids() {
+			n.tg.setClock(id, 0)
+		}
+		time.Sleep(100 * time.Millisecond) // the nodes re-read the file every 50ms
+	}
+	return ev
+}
+
+// heal undoes whatever a fault left: a paused node resumed, a dead one
+// restarted, links up, clocks reset.
+func (n *nemesis) heal() {
+	for _, nd := range n.tg.nodes {
+		if nd.paused {
+			n.tg.resume(nd.id)
+		}
+		if nd.clock != "" {
+			n.tg.setClock(nd.id, 0)
+		}
+	}
+	if n.tg.net != nil {
+		n.tg.net.heal()
+	}
+	for _, nd := range n.tg.nodes {
+		if nd.proc.Exited() {
+			if err := n.tg.start(nd); err != nil {
+				n.fail("restart node %d at the end: %v", nd.id, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,288 @@
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
+)
+
+// node is one ticketd process the campaign runs, restartable on its data dir.
+type node struct {
+	id      int
+	listen  string // client address (fixed, so restarts keep it)
+	admin   string
+	dataDir string
+	clock   string // offset file (cluster mode)
+	args    []string
+	proc    *serverproc.Proc
+	paused  bool
+	cmd     func() *exec.Cmd
+}
+
+// target is the system under test: one single-mode process or a cluster.
+type target struct {
+	mode  string
+	bin   string
+	dir   string
+	nodes []*node
+	net   *netTopo // nil: loopback, no partitions
+	flags []string
+	log   func(format string, args ...any)
+}
+
+const (
+	clusterSkew        = 500 * time.Millisecond
+	clusterUnavailable = 5 * time.Second
+)
+
+func newSingle(bin, dir string, logf func(string, ...any)) (*target, error) {
+	addr, err := serverproc.FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	t := &target{mode: "single", bin: bin, dir: dir, log: logf}
+	n := &node{id: 1, listen: addr, dataDir: filepath.Join(dir, "n1")}
+	n.args = serverproc.TicketdArgs(addr, n.dataDir, "--shards", "8", "--sweep-interval", "1s")
+	n.cmd = func() *exec.Cmd { return exec.Command(bin, n.args...) }
+	t.nodes = []*node{n}
+	return t, t.start(n)
+}
+
+// newCluster starts 3 nodes. With useNetns each runs in its own network
+// namespace (partitions possible); otherwise all on 127.0.0.1.
+func newCluster(bin, dir string, useNetns bool, logf func(string, ...any)) (*target, string, error) {
+	t := &target{mode: "cluster", bin: bin, dir: dir, log: logf}
+	var why string
+	if useNetns {
+		nt, err := newNetTopo(3)
+		if err != nil {
+			why = "partitions skipped: " + err.Error()
+		} else {
+			t.net = nt
+		}
+	} else {
+		why = "partitions skipped: network namespaces not requested"
+	}
+	var peers []string
+	for i := 1; i <= 3; i++ {
+		n := &node{id: i, dataDir: filepath.Join(dir, fmt.Sprintf("n%d", i)), clock: filepath.Join(dir, fmt.Sprintf("clock%d", i))}
+		var raft string
+		if t.net != nil {
+			ip := t.net.nodeIP(i)
+			n.listen, n.admin, raft = ip+":7411", ip+":7491", ip+":7421"
+		} else {
+			var addrs [3]string
+			for k := range addrs {
+				a, err := serverproc.FreeAddr()
+				if err != nil {
+					t.close()
+					return nil, "", err
+				}
+				addrs[k] = a
+			}
+			n.listen, n.admin, raft = addrs[0], addrs[1], addrs[2]
+		}
+		if err := os.WriteFile(n.clock, nil, 0o644); err != nil {
+			t.close()
+			return nil, "", err
+		}
+		peers = append(peers, fmt.Sprintf("%d=%s", i, raft))
+		t.nodes = append(t.nodes, n)
+	}
+	for _, n := range t.nodes {
+		n.args = serverproc.TicketdArgs(n.listen, n.dataDir, "--node-id", strconv.Itoa(n.id), "--peers", strings.Join(peers, ","),
+			"--admin", n.admin, "--shards", "8", "--max-clock-skew", clusterSkew.String(),
+			"--unavailable-timeout", clusterUnavailable.String(), "--unsafe-test-clock-offset-file", n.clock)
+		if t.net != nil {
+			n.cmd = func() *exec.Cmd { return t.net.command(n.id, bin, n.args...) }
+		} else {
+			n.cmd = func() *exec.Cmd { return exec.Command(bin, n.args...) }
+		}
+	}
+	for _, n := range t.nodes {
+		if err := t.launch(n); err != nil {
+			t.close()
+			return nil, "", err
+		}
+	}
+	for _, n := range t.nodes {
+		if err := t.waitListening(n, 60*time.Second); err != nil {
+			t.close()
+			return nil, "", err
+		}
+	}
+	if err := t.waitReady(60 * time.Second); err != nil {
+		t.close()
+		return nil, "", err
+	}
+	return t, why, nil
+}
+
+func (t *target) launch(n *node) error {
+	cmd := n.cmd()
+	// A campaign killed outright must not leave servers behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p, err := serverproc.Start(cmd, serverproc.ListeningAddr)
+	if err != nil {
+		return fmt.Errorf("node %d: %w", n.id, err)
+	}
+	n.proc, n.paused = p, false
+	return nil
+}
+
+func (t *target) waitListening(n *node, timeout time.Duration) error {
+	if err := n.proc.WaitReady(timeout); err != nil {
+		return fmt.Errorf("node %d: %w", n.id, err)
+	}
+	return nil
+}
+
+func (t *target) start(n *node) error {
+	if err := t.launch(n); err != nil {
+		return err
+	}
+	return t.waitListening(n, 60*time.Second)
+}
+
+func (t *target) node(id int) *node { return t.nodes[id-1] }
+
+func (t *target) ids() []int {
+	var ids []int
+	for _, n := range t.nodes {
+		ids = append(ids, n.id)
+	}
+	return ids
+}
+
+// kill sends SIGKILL to the node's pid (a paused one dies too) and waits.
+func (t *target) kill(id int) {
+	n := t.node(id)
+	n.proc.Kill()
+	n.paused = false
+}
+
+// term stops the node cleanly (SIGTERM); a stop that takes longer than 20s
+// ends in SIGKILL and is reported.
+func (t *target) term(id int) error {
+	n := t.node(id)
+	if n.paused {
+		t.resume(id)
+	}
+	err := n.proc.Stop(20 * time.Second)
+	if err == nil && n.proc.ExitCode() != 0 {
+		err = fmt.Errorf("node %d: clean shutdown exited %d: %s", id, n.proc.ExitCode(), n.proc.Log().Tail(5))
+	}
+	return err
+}
+
+func (t *target) pause(id int) error {
+	n := t.node(id)
+	n.paused = true
+	return syscall.Kill(n.proc.Pid(), syscall.SIGSTOP)
+}
+
+func (t *target) resume(id int) error {
+	n := t.node(id)
+	n.paused = false
+	return syscall.Kill(n.proc.Pid(), syscall.SIGCONT)
+}
+
+// setClock writes the node's clock offset; the node reads it within 50 ms.
+func (t *target) setClock(id int, off time.Duration) error {
+	n := t.node(id)
+	tmp := n.clock + ".tmp"
+	if err := os.WriteFile(tmp, []byte(off.String()), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, n.clock)
+}
+
+type shardStatus struct {
+	Shard  int    `json:"shard"`
+	Leader uint64 `json:"leader"`
+	Term   uint64 `json:"term"`
+}
+
+var httpc = &http.Client{Timeout: time.Second}
+
+// leaders maps shard to leader node as the first live node that answers
+// sees it.
+func (t *target) leaders() map[int]int {
+	for _, n := range t.nodes {
+		if n.proc.Exited() || n.paused || n.admin == "" {
+			continue
+		}
+		resp, err := httpc.Get("http://" + n.admin + "/debug/cluster")
+		if err != nil {
+			continue
+		}
+		var st []shardStatus
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		out := map[int]int{}
+		for _, s := range st {
+			if s.Leader != 0 {
+				out[s.Shard] = int(s.Leader)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// waitReady waits until every live, running node's /readyz is 200 (cluster
+// mode; single mode is ready once it listens).
+func (t *target) waitReady(timeout time.Duration) error {
+	if t.mode != "cluster" {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for _, n := range t.nodes {
+		if n.proc.Exited() || n.paused {
+			continue
+		}
+		for {
+			resp, err := httpc.Get("http://" + n.admin + "/readyz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("node %d not ready within %v", n.id, timeout)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// close stops every node (resuming paused ones first), heals and removes the
+// network namespaces. Data dirs are the caller's to remove.
+func (t *target) close() {
+	for _, n := range t.nodes {
+		if n.proc == nil || n.proc.Exited() {
+			continue
+		}
+		if n.paused {
+			t.resume(n.id)
+		}
+		n.proc.Stop(10 * time.Second)
+	}
+	if t.net != nil {
+		t.net.remove()
+	}
+}

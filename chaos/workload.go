@@ -1,0 +1,183 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Worker roles. Each worker owns one connection at a time and has at most
+// one request in flight, so every owner is distinct per outstanding request.
+const (
+	RoleMutex    = "mutex"     // few keys, many clients, short leases, waits; fenced writes
+	RoleManyKeys = "many-keys" // a large key space, uncontended acquire+release
+	RoleWaiter   = "waiter"    // long holds and short waits: timeouts
+	RoleExpirer  = "expirer"   // holders that never release: leases expire
+)
+
+// registers are the guarded resources: one per key, refusing a token lower
+// than the highest it accepted, the way a resource should use the token.
+type registers struct {
+	mu  sync.Mutex
+	max map[string]uint64
+	h   *History
+}
+
+// write offers g's token to the key's register if its lease certainly still
+// runs (deadline on the campaign clock); the write is one instant under the
+// register's lock.
+func (r *registers) write(worker int, g *Op, deadline int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.h.Now()
+	if now >= deadline {
+		return
+	}
+	res := ResAccepted
+	if g.Token < r.max[g.Key] {
+		res = ResRefused
+	} else {
+		r.max[g.Key] = g.Token
+	}
+	op := &Op{Worker: worker, Kind: 'W', Key: g.Key, Token: g.Token, Grant: g.ID, Workload: g.Workload}
+	r.h.mu.Lock()
+	r.h.nextID++
+	op.ID, op.Invoke, op.Complete, op.Result = r.h.nextID, now, now, res
+	r.h.Ops = append(r.h.Ops, op)
+	r.h.mu.Unlock()
+}
+
+type worker struct {
+	id    int
+	role  string
+	rng   *rand.Rand
+	h     *History
+	tg    *target
+	reg   *registers
+	stop  *atomic.Bool
+	c     *conn
+	seq   int
+	next  int // index into tg.nodes of the node to dial next
+	conns *atomic.Int64
+}
+
+// dial gets a connection, trying the nodes in turn from the worker's own,
+// until one answers or the campaign stops.
+func (w *worker) dial() bool {
+	for !w.stop.Load() {
+		if w.c != nil && !w.c.isBroken() {
+			return true
+		}
+		n := w.tg.nodes[w.next%len(w.tg.nodes)]
+		c, err := dialConn(w.h, int(w.conns.Add(1)), n.id, n.listen)
+		if err == nil {
+			w.c = c
+			return true
+		}
+		w.next++
+		time.Sleep(time.Duration(50+w.rng.IntN(100)) * time.Millisecond)
+	}
+	return false
+}
+
+func (w *worker) after() {
+	if w.c != nil && w.c.isBroken() {
+		w.c = nil
+		w.next++ // another node next: this one may be down or cut off
+	}
+}
+
+func (w *worker) timeout(waitMs uint64) time.Duration {
+	return time.Duration(waitMs)*time.Millisecond + 12*time.Second
+}
+
+func (w *worker) acquire(key string, leaseMs, waitMs uint64) *Op {
+	if !w.dial() {
+		return nil
+	}
+	w.seq++
+	op := &Op{Worker: w.id, Kind: 'A', Workload: w.role, Owner: fmt.Sprintf("w%d.%d", w.id, w.seq), Key: key, LeaseMs: leaseMs, WaitMs: waitMs}
+	w.c.do(op, w.timeout(waitMs))
+	w.after()
+	return op
+}
+
+func (w *worker) release(g *Op) *Op {
+	if !w.dial() {
+		return nil
+	}
+	op := &Op{Worker: w.id, Kind: 'R', Workload: w.role, Key: g.Key, Token: g.Token}
+	w.c.do(op, w.timeout(0))
+	w.after()
+	return op
+}
+
+func (w *worker) sleep(lo, hi int) {
+	time.Sleep(time.Duration(lo+w.rng.IntN(hi-lo+1)) * time.Millisecond)
+}
+
+func leaseDeadline(g *Op) int64 { return g.Invoke + int64(g.LeaseMs)*int64(time.Millisecond) }
+
+func (w *worker) run() {
+	defer func() {
+		if w.c != nil {
+			w.c.close()
+		}
+	}()
+	for !w.stop.Load() {
+		switch w.role {
+		case RoleMutex:
+			key := fmt.Sprintf("mutex-%d", w.rng.IntN(3))
+			wait := uint64(0)
+			if w.rng.IntN(3) > 0 {
+				wait = uint64(100 + w.rng.IntN(1400))
+			}
+			g := w.acquire(key, uint64(300+w.rng.IntN(700)), wait)
+			if g == nil || g.Result != ResGranted {
+				w.sleep(0, 30)
+				continue
+			}
+			w.reg.write(w.id, g, leaseDeadline(g))
+			w.sleep(0, 80)
+			w.reg.write(w.id, g, leaseDeadline(g))
+			switch p := w.rng.IntN(20); {
+			case p < 2: // let it expire
+			case p < 3: // release twice: the second must be N
+				if r := w.release(g); r != nil && r.Result == ResReleased {
+					w.release(g)
+				}
+			default:
+				w.release(g)
+			}
+		case RoleManyKeys:
+			g := w.acquire(fmt.Sprintf("k-%d", w.rng.IntN(100000)), 2000, 0)
+			if g != nil && g.Result == ResGranted {
+				w.release(g)
+			}
+			w.sleep(1, 5) // keeps the history to a size the checker can hold
+		case RoleWaiter:
+			key := fmt.Sprintf("wait-%d", w.rng.IntN(2))
+			g := w.acquire(key, uint64(800+w.rng.IntN(1200)), uint64(50+w.rng.IntN(400)))
+			if g != nil && g.Result == ResGranted {
+				w.reg.write(w.id, g, leaseDeadline(g))
+				w.sleep(100, 500)
+				w.reg.write(w.id, g, leaseDeadline(g))
+				w.release(g)
+			}
+		case RoleExpirer:
+			key := fmt.Sprintf("exp-%d", w.rng.IntN(3))
+			g := w.acquire(key, uint64(100+w.rng.IntN(300)), uint64(w.rng.IntN(800)))
+			if g != nil && g.Result == ResGranted {
+				w.reg.write(w.id, g, leaseDeadline(g))
+				if w.rng.IntN(4) == 0 { // a release after the lease ended: R or N are both fine
+					w.sleep(int(g.LeaseMs)+50, int(g.LeaseMs)+400)
+					w.release(g)
+				}
+			} else {
+				w.sleep(0, 50)
+			}
+		}
+	}
+}
