@@ -91,3 +91,15 @@ bench-quick: bench-tools
 
 clean:
 	rm -rf $(BIN)
+
+# Fault campaign (chaos/): ticketd under kill -9, SIGSTOP, clean restarts,
+# partitions and clock offsets, history checked; exit 1 on any violation.
+# Reports in chaos/results/. CHAOSFLAGS adds flags (-seed N, -mode single).
+.PHONY: chaos chaos-quick
+chaos: build
+	$(GO) build -o $(BIN)/chaos ./chaos/cmd/chaos
+	./$(BIN)/chaos -bin $(abspath $(BIN))/ticketd $(CHAOSFLAGS)
+
+chaos-quick: build
+	$(GO) build -o $(BIN)/chaos ./chaos/cmd/chaos
+	./$(BIN)/chaos -quick -bin $(abspath $(BIN))/ticketd $(CHAOSFLAGS)
