@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"compress/gzip"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -31,7 +32,7 @@ type Config struct {
 	Netns   bool   // cluster: put the nodes in network namespaces (partitions)
 	Out     string // results directory ("": no files)
 	// Progress receives a line every couple of seconds (nil: none).
-	Progress io.Writer
+	Progress io.Writer `json:"-"`
 }
 
 // Outcome is what a campaign found.
@@ -44,6 +45,7 @@ type Outcome struct {
 	Started  time.Time
 	Elapsed  time.Duration
 	Report   string // path of the Markdown report
+	Shards   int    // the servers' --shards
 }
 
 // Failed reports whether the campaign found a violation or could not do
@@ -67,7 +69,7 @@ func Run(cfg Config) (*Outcome, error) {
 	if cfg.GapMin == 0 {
 		cfg.GapMin, cfg.GapMax = 2*time.Second, 4*time.Second
 	}
-	out := &Outcome{Config: cfg, Started: time.Now()}
+	out := &Outcome{Config: cfg, Started: time.Now(), Shards: campaignShards}
 	logf := func(format string, args ...any) {
 		if cfg.Progress != nil {
 			fmt.Fprintf(cfg.Progress, format+"\n", args...)
@@ -225,12 +227,14 @@ func Run(cfg Config) (*Outcome, error) {
 		maxLease = max(maxLease, o.LeaseMs)
 	}
 	logf("[%s] checking %d operations...", cfg.Name, len(h.Ops))
+	t0 := time.Now()
 	out.Check = Check(h, CheckConfig{Mode: cfg.Mode, MaxLease: int64(maxLease) * int64(time.Millisecond)})
+	logf("[%s] checked in %v", cfg.Name, time.Since(t0).Round(time.Millisecond))
 	if cfg.Out != "" {
 		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 			return out, err
 		}
-		if err := writeHistory(filepath.Join(cfg.Out, cfg.Name+".history.jsonl.gz"), h); err != nil {
+		if err := writeHistory(filepath.Join(cfg.Out, cfg.Name+".history.jsonl.gz"), h, &cfg); err != nil {
 			return out, err
 		}
 		if out.Report, err = writeReport(cfg.Out, out); err != nil {
@@ -258,12 +262,16 @@ func counts(h *History) (ok, fail, unknown int) {
 	return
 }
 
-func writeHistory(path string, h *History) error {
+func writeHistory(path string, h *History, cfg *Config) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
 	zw := gzip.NewWriter(f)
+	if err := json.NewEncoder(zw).Encode(map[string]any{"config": cfg}); err != nil {
+		f.Close()
+		return err
+	}
 	if err := h.WriteJSON(zw); err != nil {
 		f.Close()
 		return err
@@ -282,4 +290,40 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// Recheck runs the checker again on a history a campaign wrote, and writes
+// its report beside it. cfg fills in what the file does not say.
+func Recheck(path string, cfg Config) (*Outcome, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	h, saved, err := ReadHistory(zr)
+	if err != nil {
+		return nil, err
+	}
+	if saved != nil {
+		cfg = *saved
+	}
+	if cfg.Workers == nil {
+		cfg.Workers = DefaultWorkers()
+	}
+	out := &Outcome{Config: cfg, History: h, Shards: campaignShards}
+	var maxLease uint64
+	for _, o := range h.Ops {
+		maxLease = max(maxLease, o.LeaseMs)
+	}
+	out.Check = Check(h, CheckConfig{Mode: cfg.Mode, MaxLease: int64(maxLease) * int64(time.Millisecond)})
+	if cfg.Out != "" {
+		if out.Report, err = writeReport(cfg.Out, out); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
 }

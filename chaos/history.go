@@ -201,3 +201,37 @@ func (h *History) WriteJSON(w io.Writer) error {
 }
 
 func fmtT(ns int64) string { return fmt.Sprintf("%.3fs", float64(ns)/1e9) }
+
+// ReadHistory reads a history written by a campaign (gzip'd JSON lines:
+// optionally the campaign's config, then events, anomalies and operations).
+func ReadHistory(r io.Reader) (*History, *Config, error) {
+	h := &History{}
+	var cfg *Config
+	dec := json.NewDecoder(r)
+	for {
+		var line struct {
+			Config  *Config  `json:"config"`
+			Event   *Event   `json:"event"`
+			Anomaly *Anomaly `json:"anomaly"`
+			Op
+		}
+		line.Op.Complete = -2
+		if err := dec.Decode(&line); err == io.EOF {
+			break
+		} else if err != nil {
+			return nil, nil, err
+		}
+		switch {
+		case line.Config != nil:
+			cfg = line.Config
+		case line.Event != nil:
+			h.Events = append(h.Events, line.Event)
+		case line.Anomaly != nil:
+			h.Anomalies = append(h.Anomalies, line.Anomaly)
+		case line.Op.Complete != -2:
+			op := line.Op
+			h.Ops = append(h.Ops, &op)
+		}
+	}
+	return h, cfg, nil
+}

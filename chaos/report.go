@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ticketd/ticketd/shard"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -25,17 +26,30 @@ type Gap struct {
 	Longest time.Duration
 	// From the fault's end to the first answer of a request sent after it.
 	Recovery time.Duration
+	// The same longest gap counted per shard (keys hash to shards as the
+	// server hashes them), for the worst shard: in a cluster the other
+	// shards keep answering while one elects a leader.
+	WorstShard    int
+	WorstShardGap time.Duration
 }
 
-// Gaps measures availability around each fault.
-func Gaps(h *History) []Gap {
+// Gaps measures availability around each fault; shards is the server's
+// --shards.
+func Gaps(h *History, shards int) []Gap {
 	var done []int64
+	perShard := make([][]int64, shards)
 	for _, o := range h.Ops {
 		if o.Kind != 'W' && o.Complete >= 0 {
 			done = append(done, o.Complete)
+			s := shard.Index([]byte(o.Key), shards)
+			perShard[s] = append(perShard[s], o.Complete)
 		}
 	}
 	slices.Sort(done)
+	for _, d := range perShard {
+		slices.Sort(d)
+	}
+	last := h.last()
 	var out []Gap
 	for k, e := range h.Events {
 		g := Gap{Event: e, Recovery: -1}
@@ -43,14 +57,12 @@ func Gaps(h *History) []Gap {
 		if k+1 < len(h.Events) { // up to the next fault at most
 			hi = min(hi, h.Events[k+1].Start)
 		}
-		prev := lo
-		i, _ := slices.BinarySearch(done, lo)
-		for ; i < len(done) && done[i] <= hi; i++ {
-			g.Longest = max(g.Longest, time.Duration(done[i]-prev))
-			prev = done[i]
-		}
-		if i == len(done) || done[min(i, len(done)-1)] > hi {
-			g.Longest = max(g.Longest, time.Duration(min(hi, h.last())-prev))
+		hi = min(hi, last)
+		g.Longest = longestGap(done, lo, hi)
+		for s, d := range perShard {
+			if gap := longestGap(d, lo, hi); gap > g.WorstShardGap {
+				g.WorstShard, g.WorstShardGap = s, gap
+			}
 		}
 		for _, o := range h.Ops {
 			if o.Kind != 'W' && o.Invoke >= e.End && o.Complete >= 0 {
@@ -62,6 +74,19 @@ func Gaps(h *History) []Gap {
 		out = append(out, g)
 	}
 	return out
+}
+
+// longestGap is the longest stretch of [lo, hi] holding none of the sorted
+// times in done.
+func longestGap(done []int64, lo, hi int64) time.Duration {
+	var gap time.Duration
+	prev := lo
+	i, _ := slices.BinarySearch(done, lo)
+	for ; i < len(done) && done[i] <= hi; i++ {
+		gap = max(gap, time.Duration(done[i]-prev))
+		prev = done[i]
+	}
+	return max(gap, time.Duration(hi-prev))
 }
 
 func (h *History) last() int64 {
@@ -156,17 +181,18 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	p("")
 	p("## Faults and availability")
 	p("")
-	p("Longest gap: the longest time with no answer at all, from the fault's start to 10 s after its end (or to the next fault). Recovery: from the fault's end to the first answer to a request sent after it.")
+	p("Longest gap: the longest time with no answer at all, from the fault's start to 10 s after its end (or to the next fault); the same per shard, for the shard that waited longest (keys hashed as the server hashes them). Recovery: from the fault's end to the first answer to a request sent after it.")
 	p("")
-	p("| # | fault | nodes | start | end | longest gap | recovery | detail |")
-	p("|---:|---|---|---:|---:|---:|---:|---|")
-	for i, g := range Gaps(h) {
+	p("| # | fault | nodes | start | end | longest gap | worst shard's gap | recovery | detail |")
+	p("|---:|---|---|---:|---:|---:|---:|---:|---|")
+	for i, g := range Gaps(h, o.Shards) {
 		e := g.Event
 		rec := "none"
 		if g.Recovery >= 0 {
 			rec = g.Recovery.Round(time.Millisecond).String()
 		}
-		p("| %d | %s | %v | %s | %s | %v | %s | %s |", i+1, e.Kind, e.Nodes, fmtT(e.Start), fmtT(e.End), g.Longest.Round(time.Millisecond), rec, e.Detail)
+		p("| %d | %s | %v | %s | %s | %v | %v (shard %d) | %s | %s |", i+1, e.Kind, e.Nodes, fmtT(e.Start), fmtT(e.End),
+			g.Longest.Round(time.Millisecond), g.WorstShardGap.Round(time.Millisecond), g.WorstShard, rec, e.Detail)
 	}
 	p("")
 	if len(o.Skipped) > 0 || len(o.Problems) > 0 || len(o.Check.Notes) > 0 {

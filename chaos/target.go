@@ -40,6 +40,7 @@ type target struct {
 }
 
 const (
+	campaignShards     = 8
 	clusterSkew        = 500 * time.Millisecond
 	clusterUnavailable = 5 * time.Second
 )
@@ -51,7 +52,7 @@ func newSingle(bin, dir string, logf func(string, ...any)) (*target, error) {
 	}
 	t := &target{mode: "single", bin: bin, dir: dir, log: logf}
 	n := &node{id: 1, listen: addr, dataDir: filepath.Join(dir, "n1")}
-	n.args = serverproc.TicketdArgs(addr, n.dataDir, "--shards", "8", "--sweep-interval", "1s")
+	n.args = serverproc.TicketdArgs(addr, n.dataDir, "--shards", strconv.Itoa(campaignShards), "--sweep-interval", "1s")
 	n.cmd = func() *exec.Cmd { return exec.Command(bin, n.args...) }
 	t.nodes = []*node{n}
 	return t, t.start(n)
@@ -100,7 +101,7 @@ func newCluster(bin, dir string, useNetns bool, logf func(string, ...any)) (*tar
 	}
 	for _, n := range t.nodes {
 		n.args = serverproc.TicketdArgs(n.listen, n.dataDir, "--node-id", strconv.Itoa(n.id), "--peers", strings.Join(peers, ","),
-			"--admin", n.admin, "--shards", "8", "--max-clock-skew", clusterSkew.String(),
+			"--admin", n.admin, "--shards", strconv.Itoa(campaignShards), "--max-clock-skew", clusterSkew.String(),
 			"--unavailable-timeout", clusterUnavailable.String(), "--unsafe-test-clock-offset-file", n.clock)
 		if t.net != nil {
 			n.cmd = func() *exec.Cmd { return t.net.command(n.id, bin, n.args...) }

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -30,7 +31,11 @@ func main() {
 	bin := flag.String("bin", "", "ticketd binary (default: build ./cmd/ticketd)")
 	netns := flag.Bool("netns", true, "cluster: run each node in its own network namespace, for partitions (needs root)")
 	nemeses := flag.String("nemeses", "", "comma-separated nemeses (default: every one the mode allows)")
+	recheck := flag.String("recheck", "", "check a recorded history (NAME.history.jsonl.gz) again and rewrite its report; no servers")
 	flag.Parse()
+	if *recheck != "" {
+		os.Exit(recheckFile(*recheck, *mode, *out))
+	}
 	os.Exit(run(*mode, *quick, *duration, *seed, *out, *bin, *netns, *nemeses))
 }
 
@@ -136,5 +141,25 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 		return 1
 	}
 	fmt.Println("ok: no violation")
+	return 0
+}
+
+func recheckFile(path, mode, out string) int {
+	name := strings.TrimSuffix(filepath.Base(path), ".history.jsonl.gz")
+	o, err := chaos.Recheck(path, chaos.Config{Name: name, Mode: mode, Out: out})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	for _, v := range o.Check.Violations {
+		fmt.Println("VIOLATION " + v.String())
+	}
+	for _, n := range o.Check.Notes {
+		fmt.Println("note: " + n)
+	}
+	fmt.Printf("%s: %d operations, %d violations; report %s\n", name, len(o.History.Ops), len(o.Check.Violations), o.Report)
+	if len(o.Check.Violations) > 0 {
+		return 1
+	}
 	return 0
 }
