@@ -112,7 +112,7 @@ func Run(cfg Config) (*Outcome, error) {
 	} else {
 		var ok []string
 		for _, n := range nems {
-			if contains(avail, n) {
+			if contains(avail, n) || n == NemClockUnsafe && cfg.Mode == "cluster" {
 				ok = append(ok, n)
 			} else {
 				out.Skipped = append(out.Skipped, fmt.Sprintf("nemesis %s: not available in %s mode here", n, cfg.Mode))

@@ -21,6 +21,10 @@ const (
 	NemPartLeader  = "partition-leader" // cluster: a shard leader cut off from the others
 	NemBridge      = "bridge"           // cluster: two nodes cut apart, the third sees both
 	NemClock       = "clock"            // cluster: node clocks offset within --max-clock-skew, then a jump
+	// NemClockUnsafe breaks the lease promise's precondition on purpose (a
+	// node 2s ahead, four times --max-clock-skew): only on request, to show
+	// that the campaign sees the double grants that follow.
+	NemClockUnsafe = "clock-unsafe"
 )
 
 // NemesesFor lists the nemeses that apply to a mode. Single mode has no
@@ -176,6 +180,17 @@ func (n *nemesis) run(name string) *Event {
 		if err := n.tg.net.heal(); err != nil {
 			n.fail("heal: %v", err)
 		}
+	case NemClockUnsafe:
+		id, why := n.leader()
+		ev.Kind, ev.Nodes = EvClock, []int{id}
+		d := n.dur(6*time.Second, 10*time.Second)
+		say("node %d (%s) 2s ahead for %v: beyond --max-clock-skew, outside the promise", id, why, d.Round(time.Millisecond))
+		if err := n.tg.setClock(id, 2*time.Second); err != nil {
+			n.fail("clock: %v", err)
+		}
+		time.Sleep(d)
+		n.tg.setClock(id, 0)
+		time.Sleep(100 * time.Millisecond)
 	case NemClock:
 		// Offsets within ±240ms keep every pair of nodes less than
 		// --max-clock-skew (500ms) apart, where the lease promise holds.
