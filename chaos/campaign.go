@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -313,6 +314,9 @@ func Recheck(path string, cfg Config) (*Outcome, error) {
 	}
 	if cfg.Workers == nil {
 		cfg.Workers = DefaultWorkers()
+	}
+	if saved == nil && !strings.HasSuffix(cfg.Name, "-quick") {
+		cfg.Phased = true // the long campaign's phases
 	}
 	out := &Outcome{Config: cfg, History: h, Shards: campaignShards}
 	var maxLease uint64

@@ -140,9 +140,20 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	}
 	p("# Fault campaign `%s`: %s", cfg.Name, verdict)
 	p("")
-	p("ticketd in %s mode, %s of faults plus calm at each end (%s in all), seed %d, started %s.",
-		cfg.Mode, cfg.Duration, o.Elapsed.Round(time.Second), cfg.Seed, o.Started.UTC().Format(time.RFC3339))
-	p("Rerun: `go run ./chaos/cmd/chaos -mode %s -duration %s -seed %d` (timing differs from run to run; the schedule and choices follow the seed).", cfg.Mode, cfg.Duration, cfg.Seed)
+	if o.Elapsed > 0 {
+		p("ticketd in %s mode, %s of faults plus calm at each end (%s in all), seed %d, started %s.",
+			cfg.Mode, cfg.Duration, o.Elapsed.Round(time.Second), cfg.Seed, o.Started.UTC().Format(time.RFC3339))
+	} else {
+		p("ticketd in %s mode, %s of faults, seed %d; checked again from the recorded history.", cfg.Mode, cfg.Duration, cfg.Seed)
+	}
+	flags := fmt.Sprintf("-mode %s -duration %s -seed %d", cfg.Mode, cfg.Duration, cfg.Seed)
+	if !cfg.Phased {
+		flags += " -quick"
+	}
+	if cfg.Nemeses != nil {
+		flags += " -nemeses " + strings.Join(cfg.Nemeses, ",")
+	}
+	p("Rerun: `go run ./chaos/cmd/chaos %s` (timing differs from run to run; the schedule and choices follow the seed).", flags)
 	p("")
 	var roles []string
 	for _, r := range []string{RoleMutex, RoleManyKeys, RoleWaiter, RoleExpirer} {
@@ -161,7 +172,13 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	p("| release | %d R | %d N | %d |", t.released, t.notReleased, t.relUnknown)
 	p("| fenced register write | %d accepted | %d refused | |", t.accepted, t.refused)
 	p("")
-	p("`E unavailable` answers: %d. Keys: %d. Grants checked: %d.", len(h.Unavail), o.Check.Keys, o.Check.Grants)
+	unavail := map[int]bool{}
+	for _, op := range h.Ops {
+		if strings.HasPrefix(op.Why, "E unavailable") {
+			unavail[op.Conn] = true
+		}
+	}
+	p("Connections closed with `E unavailable`: %d. Keys: %d. Grants checked: %d.", len(unavail), o.Check.Keys, o.Check.Grants)
 	p("")
 	p("## Checks")
 	p("")

@@ -31,10 +31,10 @@ func main() {
 	bin := flag.String("bin", "", "ticketd binary (default: build ./cmd/ticketd)")
 	netns := flag.Bool("netns", true, "cluster: run each node in its own network namespace, for partitions (needs root)")
 	nemeses := flag.String("nemeses", "", "comma-separated nemeses (default: every one the mode allows)")
-	recheck := flag.String("recheck", "", "check a recorded history (NAME.history.jsonl.gz) again and rewrite its report; no servers")
+	recheck := flag.String("recheck", "", "check a recorded history (NAME.history.jsonl.gz) again and rewrite its report in -out; no servers (-mode, -seed, -duration describe it if the file does not)")
 	flag.Parse()
 	if *recheck != "" {
-		os.Exit(recheckFile(*recheck, *mode, *out))
+		os.Exit(recheckFile(*recheck, chaos.Config{Mode: *mode, Out: *out, Seed: *seed, Duration: *duration}))
 	}
 	os.Exit(run(*mode, *quick, *duration, *seed, *out, *bin, *netns, *nemeses))
 }
@@ -144,9 +144,10 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 	return 0
 }
 
-func recheckFile(path, mode, out string) int {
+func recheckFile(path string, cfg chaos.Config) int {
 	name := strings.TrimSuffix(filepath.Base(path), ".history.jsonl.gz")
-	o, err := chaos.Recheck(path, chaos.Config{Name: name, Mode: mode, Out: out})
+	cfg.Name = name
+	o, err := chaos.Recheck(path, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
