@@ -60,11 +60,11 @@ type Code uint8
 
 // Error codes.
 const (
-	CodeSyntax  Code = iota + 1 // "syntax"
-	CodeRange                   // "range"
-	CodeTooLong                 // "too-long"
-	CodeCommand                 // "command"
-	CodeUnavailable             // "unavailable" (cluster mode: a shard without quorum)
+	CodeSyntax      Code = iota + 1 // "syntax"
+	CodeRange                       // "range"
+	CodeTooLong                     // "too-long"
+	CodeCommand                     // "command"
+	CodeUnavailable                 // "unavailable" (cluster mode: a shard without quorum)
 )
 
 // String returns the code as written on the wire.
