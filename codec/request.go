@@ -19,6 +19,120 @@ const maxFields = 5
 // ParseRequest neither allocates nor keeps a reference to buf. Errors are reported
 // in the order documented in the package comment.
 func ParseRequest(buf []byte, lim Limits, req *Request) (n int, err *Error) {
+	if n := parseFast(buf, lim, req); n > 0 {
+		return n, nil
+	}
+	return parseSlow(buf, lim, req)
+}
+
+// parseFast reads a complete, well-formed frame in one pass over its bytes,
+// and returns 0 for anything else (an incomplete frame, a bad one, a line
+// end farther than MaxLine), which parseSlow then reads and judges. On the
+// frames it accepts the two agree; the fuzz target holds them to the
+// reference reading.
+func parseFast(buf []byte, lim Limits, req *Request) int {
+	if len(buf) > MaxLine {
+		buf = buf[:MaxLine] // a line end beyond this is ErrTooLong: parseSlow's
+	}
+	if len(buf) < 2 || buf[1] != ' ' {
+		return 0
+	}
+	switch Kind(buf[0]) {
+	case Acquire:
+		i, owner := field(buf, 2, MaxOwner)
+		if owner < 0 || buf[i] != ' ' {
+			return 0
+		}
+		j, key := field(buf, i+1, MaxKey)
+		if key < 0 || buf[j] != ' ' {
+			return 0
+		}
+		k, lease := number(buf, j+1)
+		if k < 0 || k >= len(buf) || buf[k] != ' ' || lease == 0 || lease > lim.lease() {
+			return 0
+		}
+		m, wait := number(buf, k+1)
+		if m < 0 || wait > lim.wait() {
+			return 0
+		}
+		n := lineEnd(buf, m)
+		if n == 0 {
+			return 0
+		}
+		*req = Request{Kind: Acquire, Owner: buf[2:i:i], Key: buf[i+1 : j : j], LeaseMs: lease, WaitMs: wait}
+		return n
+	case Release:
+		i, token := number(buf, 2)
+		if i < 0 || i >= len(buf) || buf[i] != ' ' || token == 0 {
+			return 0
+		}
+		j, key := field(buf, i+1, MaxKey)
+		if key < 0 {
+			return 0
+		}
+		n := lineEnd(buf, j)
+		if n == 0 {
+			return 0
+		}
+		*req = Request{Kind: Release, Token: token, Key: buf[i+1 : j : j]}
+		return n
+	}
+	return 0
+}
+
+// field scans a key or owner of 1 to limit bytes from buf[i]; it returns the
+// index of the byte that ends it (a space or a line end for the caller to
+// check) and its length, or -1 as length when the field is empty, too long
+// or not followed by a byte.
+func field(buf []byte, i, limit int) (end, length int) {
+	start := i
+	for ; i < len(buf); i++ {
+		c := buf[i]
+		if c <= ' ' || c == 0x7f {
+			break
+		}
+	}
+	if i == start || i-start > limit || i >= len(buf) {
+		return i, -1
+	}
+	return i, i - start
+}
+
+// number scans a protocol number of 1 to 19 digits (no overflow possible)
+// from buf[i]; it returns the index after it and its value, or -1 as index
+// for a malformed or long one.
+func number(buf []byte, i int) (end int, v uint64) {
+	start := i
+	for ; i < len(buf) && i-start < 20; i++ {
+		d := buf[i] - '0'
+		if d > 9 {
+			break
+		}
+		v = v*10 + uint64(d)
+	}
+	if i == start || i-start > 19 || (buf[start] == '0' && i-start > 1) {
+		return -1, 0
+	}
+	return i, v
+}
+
+// lineEnd returns the frame's length if buf[i:] starts with "\n" or
+// "\r\n", else 0.
+func lineEnd(buf []byte, i int) int {
+	if i < 0 || i >= len(buf) {
+		return 0
+	}
+	if buf[i] == '\n' {
+		return i + 1
+	}
+	if buf[i] == '\r' && i+1 < len(buf) && buf[i+1] == '\n' {
+		return i + 2
+	}
+	return 0
+}
+
+// parseSlow is ParseRequest for any input, in the documented error order.
+func parseSlow(buf []byte, lim Limits, req *Request) (n int, err *Error) {
 	line, n := cutLine(buf)
 	if n == 0 {
 		if len(buf) >= MaxLine {
