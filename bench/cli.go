@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -78,7 +79,7 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	etcd := fs.String("etcd", "", `etcd server binary (default: from PATH; "none" skips etcd)`)
 	profile := fs.Bool("profile", os.Getenv("PROFILE") == "1",
 		"capture ticketd's CPU and allocation profiles during the uncontended run (default: PROFILE=1)")
-	only := fs.String("only", "", "comma-separated scenarios to run: uncontended, contended, scale, cluster (default: all)")
+	only := fs.String("only", "", "comma-separated scenarios to run: uncontended, contended, scale, cluster, steady (default: all)")
 	cpuprofile := fs.String("cpuprofile", "", "write the generator's own CPU profile to this file")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -105,7 +106,7 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *only != "" {
 		env.Only = strings.Split(*only, ",")
 		for _, o := range env.Only {
-			if o != "uncontended" && o != "contended" && o != "scale" && o != "cluster" {
+			if !slices.Contains([]string{"uncontended", "contended", "scale", "cluster", "steady"}, o) {
 				fmt.Fprintf(stderr, "bench: -only: unknown scenario %q\n", o)
 				return 2
 			}

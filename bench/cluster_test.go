@@ -173,7 +173,7 @@ func TestClusterReport(t *testing.T) {
 			}
 		}
 	}
-	if found != len(want) || len(r.Targets) != 7+len(want) {
+	if found != len(want) || len(r.Targets) != 9+len(want) {
 		t.Fatalf("targets %+v", r.Targets)
 	}
 	dir := t.TempDir()

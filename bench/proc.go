@@ -154,13 +154,16 @@ func procFDLimit(pid int) (int64, error) {
 
 // start makes a scratch directory from pattern and runs bin in it with
 // args(dir); its output goes to ready (see serverproc.Start) and to the log.
-func start(name, pattern, bin string, args func(dir string) []string, ready func(line []byte) (string, bool)) (*Proc, error) {
+func start(name, pattern, bin string, args func(dir string) []string, ready func(line []byte) (string, bool), env ...string) (*Proc, error) {
 	dir, err := os.MkdirTemp("", pattern)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args(dir)...)
 	cmd.Dir = dir
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	// A bench killed outright must not leave its servers behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	sp, err := serverproc.Start(cmd, ready)
@@ -172,8 +175,8 @@ func start(name, pattern, bin string, args func(dir string) []string, ready func
 }
 
 // startReady is start, then a wait for the ready line, which gives Addr.
-func startReady(name, pattern, bin string, args func(dir string) []string, ready func(line []byte) (string, bool)) (*Proc, error) {
-	p, err := start(name, pattern, bin, args, ready)
+func startReady(name, pattern, bin string, args func(dir string) []string, ready func(line []byte) (string, bool), env ...string) (*Proc, error) {
+	p, err := start(name, pattern, bin, args, ready, env...)
 	if err != nil {
 		return nil, err
 	}
@@ -188,19 +191,26 @@ func startReady(name, pattern, bin string, args func(dir string) []string, ready
 // StartTicketd starts bin on a free loopback port with a fresh data
 // directory, and returns once it logged "listening".
 func StartTicketd(bin string, extra ...string) (*Proc, error) {
-	return startReady("ticketd", "ticketd-bench-", bin, func(dir string) []string {
-		return serverproc.TicketdArgs("", filepath.Join(dir, "data"), extra...)
-	}, serverproc.ListeningAddr)
+	return StartTicketdEnv(bin, nil, extra...)
 }
 
-// StartEcho starts the echo server bin on a free loopback port.
-func StartEcho(bin string) (*Proc, error) {
+// StartTicketdEnv is StartTicketd with environment variables (NAME=value)
+// added to this process's.
+func StartTicketdEnv(bin string, env []string, extra ...string) (*Proc, error) {
+	return startReady("ticketd", "ticketd-bench-", bin, func(dir string) []string {
+		return serverproc.TicketdArgs("", filepath.Join(dir, "data"), extra...)
+	}, serverproc.ListeningAddr, env...)
+}
+
+// StartEcho starts the echo server bin on a free loopback port, with
+// extra flags and environment variables (NAME=value) if given.
+func StartEcho(bin string, extra, env []string) (*Proc, error) {
 	return startReady("echo", "echo-bench-", bin, func(string) []string {
-		return []string{"--listen", "127.0.0.1:0"}
+		return append([]string{"--listen", "127.0.0.1:0"}, extra...)
 	}, func(line []byte) (string, bool) {
 		a, ok := bytes.CutPrefix(line, []byte("listening "))
 		return string(a), ok
-	})
+	}, env...)
 }
 
 // RedisInstall is what to run where redis-server is missing.

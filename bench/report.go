@@ -129,6 +129,7 @@ type Report struct {
 	Errors        []string
 	Profiles      []string
 	Cluster       *ClusterReport `json:",omitempty"`
+	Steady        *SteadyReport  `json:",omitempty"`
 	plan          Plan
 }
 
@@ -223,15 +224,15 @@ func (r *Report) evaluate() {
 	}
 	if top == nil || base == nil {
 		skip("idle connections: <= 1 KiB server memory each", "the connection-scale scenario did not run")
-		skip("idle connections: active p99 within 2x of no idle", "the connection-scale scenario did not run")
+		skip("idle connections: active p99 within 1.5x of no idle", "the connection-scale scenario did not run")
 	} else {
 		per := top.PerConn()
 		r.Targets = append(r.Targets, Target{"idle connections: <= 1 KiB server memory each",
 			fmt.Sprintf("%s B each at %s idle", commas(int64(math.Round(per))), commas(int64(top.Idle))), verdict(per <= 1024)})
 		ratio := float64(top.Active.P99) / float64(base.Active.P99)
-		r.Targets = append(r.Targets, Target{"idle connections: active p99 within 2x of no idle",
+		r.Targets = append(r.Targets, Target{"idle connections: active p99 within 1.5x of no idle",
 			fmt.Sprintf("%s with %s idle vs %s: %.2fx", fmtDur(top.Active.P99), commas(int64(top.Idle)), fmtDur(base.Active.P99), ratio),
-			verdict(ratio <= 2)})
+			verdict(ratio <= 1.5)})
 	}
 	var cont *Row
 	for i := range r.Rows {
@@ -248,6 +249,9 @@ func (r *Report) evaluate() {
 			verdict(cont.Starved == 0 && cont.Refused == 0)})
 	}
 	r.evaluateCluster(skip)
+	if r.plan.SteadyRounds > 0 {
+		r.evaluateSteady(skip)
+	}
 }
 
 // Passed reports whether no target missed (skips do not count).
@@ -332,6 +336,11 @@ func (r *Report) Markdown(chart string, failoverChart ...string) string {
 		r.mdCluster(w, strings.Join(failoverChart, ""))
 	} else if r.plan.ClusterNodes > 0 {
 		w("\n## 4. Cluster\n\nNot run.\n")
+	}
+	if r.Steady != nil {
+		r.mdSteady(w)
+	} else if r.plan.SteadyRounds > 0 {
+		w("\n## 5. Steadiness and event-loop placement\n\nNot run.\n")
 	}
 
 	if chart != "" {

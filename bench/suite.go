@@ -50,6 +50,11 @@ type Plan struct {
 	FailoverDuration  time.Duration
 	FailoverKillAfter time.Duration
 	FailoverDepth     int
+
+	// 5. steady (0 rounds: not run)
+	SteadyRounds   int
+	SteadyDepths   []int
+	SteadyDuration time.Duration
 }
 
 func FullPlan() Plan {
@@ -63,6 +68,7 @@ func FullPlan() Plan {
 		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16, 64},
 		ClusterDuration: 8 * time.Second, EtcdDuration: 8 * time.Second,
 		FailoverDuration: 10 * time.Second, FailoverKillAfter: 4 * time.Second, FailoverDepth: 16,
+		SteadyRounds: 5, SteadyDepths: []int{1, 64}, SteadyDuration: 5 * time.Second,
 	}
 }
 
@@ -77,6 +83,7 @@ func QuickPlan() Plan {
 		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16},
 		ClusterDuration: time.Second, EtcdDuration: 2 * time.Second,
 		FailoverDuration: 4 * time.Second, FailoverKillAfter: 1500 * time.Millisecond, FailoverDepth: 16,
+		SteadyRounds: 2, SteadyDepths: []int{1, 64}, SteadyDuration: time.Second,
 	}
 }
 
@@ -107,7 +114,7 @@ type Env struct {
 	Profile      bool      // capture ticketd's CPU and allocation profiles
 	Log          io.Writer // progress
 	// Only names the scenarios to run (uncontended, contended, scale,
-	// cluster); nil: all.
+	// cluster, steady); nil: all.
 	Only []string
 }
 
@@ -128,6 +135,7 @@ func RunSuite(ctx context.Context, plan Plan, env Env) *Report {
 		{"contended", s.contended},
 		{"scale", s.scale},
 		{"cluster", s.cluster},
+		{"steady", s.steady},
 	}
 	for _, st := range steps {
 		if ctx.Err() != nil {
@@ -136,7 +144,7 @@ func RunSuite(ctx context.Context, plan Plan, env Env) *Report {
 		if env.Only != nil && !slices.Contains(env.Only, st.name) {
 			continue
 		}
-		if st.name == "cluster" && plan.ClusterNodes == 0 {
+		if st.name == "cluster" && plan.ClusterNodes == 0 || st.name == "steady" && plan.SteadyRounds == 0 {
 			continue
 		}
 		fmt.Fprintf(env.Log, "== %s\n", st.name)
@@ -247,7 +255,7 @@ func (s *suite) uncontendedOn(ctx context.Context, sys System) (err error) {
 	case Redis:
 		srv, err = StartRedis(s.env.Redis, 1000+p.Conns)
 	case Echo:
-		srv, err = StartEcho(s.env.Echo)
+		srv, err = StartEcho(s.env.Echo, nil, nil)
 	}
 	if err != nil {
 		return err

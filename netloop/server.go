@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,6 +236,14 @@ func (s *Server) drainMailboxes(ctx context.Context) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// Loops is the number of event loops.
+func (s *Server) Loops() int {
+	if s.cfg.Loops > 0 {
+		return s.cfg.Loops
+	}
+	return runtime.NumCPU() // gnet's multicore count
 }
 
 // Conn returns the open connection with that id, or nil.

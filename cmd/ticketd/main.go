@@ -47,13 +47,7 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(os.Stdout, "ticketd %s\n", buildVersion())
 		return 0
 	}
-	if os.Getenv("GOMAXPROCS") == "" {
-		// Each event loop blocks in epoll_wait holding an OS thread; with
-		// spare Ps a loop that wakes runs at once instead of waiting for a P
-		// behind the other loops (measured: +10-35% pairs/s at pipeline depths
-		// 1 to 64 on 2 cores, same p99).
-		runtime.GOMAXPROCS(2 * runtime.NumCPU())
-	}
+	setProcs(cfg)
 	log := newLogger(cfg, stderr)
 	defer func() { _ = log.Sync() }()
 	if err := serve(cfg, log); err != nil {
@@ -63,6 +57,37 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// setProcs picks the event loops and the Go scheduler's Ps unless flags or
+// the environment did.
+//
+// Single mode: half the cores, at least one loop, and as many Ps as loops.
+// A loop does its own reads and writes, so the kernel's network stack and
+// (often) the clients need the rest; more runnable threads than cores leave
+// a woken loop waiting a scheduler tick for a core. On 2 cores shared with
+// the load generator, one loop on one P halved the p99 at depths 1 and 16
+// against two loops on four Ps, for the same pairs/s at depth 64
+// (bench/results/loops.md). A host of its own with remote clients may get
+// more throughput from --loops equal to the cores.
+//
+// Cluster mode keeps one loop per core and twice the cores in Ps: the raft
+// goroutines (steps, log fsync, transport) need Ps of their own while a
+// loop sits in epoll_wait holding its thread.
+func setProcs(cfg *config) {
+	env := os.Getenv("GOMAXPROCS") != ""
+	if cfg.cluster.enabled() {
+		if !env {
+			runtime.GOMAXPROCS(2 * runtime.NumCPU())
+		}
+		return
+	}
+	if cfg.loops == 0 {
+		cfg.loops = max(1, runtime.GOMAXPROCS(0)/2)
+	}
+	if !env {
+		runtime.GOMAXPROCS(cfg.loops)
+	}
 }
 
 // backend is a mode as the binary sees it: the network side's Backend
@@ -133,6 +158,8 @@ func serve(cfg *config, log *zap.Logger) error {
 		zap.String("data_dir", cfg.dataDir),
 		zap.Int("shards", cfg.shards),
 		zap.Int("max_conns", cfg.maxConns),
+		zap.Int("loops", srv.Loops()),
+		zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)),
 		zap.String("version", buildVersion()))
 
 	var failed bool

@@ -67,6 +67,7 @@ func boundAddr(eng gnet.Engine) (string, error) {
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to listen on")
+	loops := flag.Int("loops", 0, "event loops (0: one per core)")
 	flag.Parse()
 
 	e := &echo{booted: make(chan gnet.Engine, 1)}
@@ -80,7 +81,8 @@ func main() {
 		_ = eng.Stop(ctx)
 	}()
 	err := gnet.Run(e, "tcp://"+*listen,
-		gnet.WithMulticore(true),
+		gnet.WithMulticore(*loops == 0),
+		gnet.WithNumEventLoop(*loops),
 		gnet.WithReusePort(false),
 		gnet.WithLogLevel(logging.ErrorLevel),
 	)

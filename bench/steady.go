@@ -1,0 +1,257 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The steady scenario runs the same closed-loop load on a fresh server
+// each round, for several server set-ups in turn: how much one binary's
+// figures move from run to run (against the echo ceiling's own spread),
+// and what the event-loop placement costs or gains (ticketd's default
+// against one loop per core, echo with either).
+
+// SteadySetup is one server set-up of the steady scenario.
+type SteadySetup struct {
+	Name   string
+	System System
+	Flags  []string
+	Env    []string
+}
+
+// SteadyRun is one fresh server's run at one depth.
+type SteadyRun struct {
+	Setup       string
+	Depth       int
+	Round       int
+	PairsPerSec float64
+	P99         time.Duration
+	ServerCores float64
+	// Time the server's and the generator's threads spent runnable but
+	// waiting for a core, per second of the run (schedstat run_delay).
+	ServerRunDelay, BenchRunDelay time.Duration
+}
+
+// SteadyReport is the steady scenario's outcome.
+type SteadyReport struct {
+	Rounds int
+	Setups []SteadySetup
+	Runs   []SteadyRun
+}
+
+func steadySetups(redis bool) []SteadySetup {
+	cores := runtime.NumCPU()
+	half := max(1, cores/2)
+	procs := func(n int) []string { return []string{"GOMAXPROCS=" + strconv.Itoa(n)} }
+	s := []SteadySetup{
+		{Name: "ticketd (default)", System: Ticketd},
+		{Name: fmt.Sprintf("ticketd --loops %d, GOMAXPROCS=%d", cores, 2*cores), System: Ticketd,
+			Flags: []string{"--loops", strconv.Itoa(cores)}, Env: procs(2 * cores)},
+		{Name: fmt.Sprintf("echo -loops %d, GOMAXPROCS=%d", half, half), System: Echo,
+			Flags: []string{"-loops", strconv.Itoa(half)}, Env: procs(half)},
+		{Name: fmt.Sprintf("echo, %d loops", cores), System: Echo},
+	}
+	if redis {
+		s = append(s, SteadySetup{Name: "Redis", System: Redis})
+	}
+	return s
+}
+
+func (s *suite) steady(ctx context.Context) error {
+	p := s.plan
+	rep := &SteadyReport{Rounds: p.SteadyRounds, Setups: steadySetups(s.env.Redis != "")}
+	s.rep.Steady = rep
+	for round := 1; round <= p.SteadyRounds; round++ {
+		for _, st := range rep.Setups {
+			for _, d := range p.SteadyDepths {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				run, err := s.steadyRun(ctx, st, d)
+				if err != nil {
+					return fmt.Errorf("%s: %w", st.Name, err)
+				}
+				run.Round = round
+				rep.Runs = append(rep.Runs, run)
+			}
+		}
+	}
+	return nil
+}
+
+// steadyRun starts a fresh server of set-up st, runs one closed loop at
+// depth and stops the server.
+func (s *suite) steadyRun(ctx context.Context, st SteadySetup, depth int) (run SteadyRun, err error) {
+	var srv *Proc
+	switch st.System {
+	case Ticketd:
+		srv, err = StartTicketdEnv(s.env.Ticketd, st.Env, st.Flags...)
+	case Echo:
+		srv, err = StartEcho(s.env.Echo, st.Flags, st.Env)
+	case Redis:
+		srv, err = StartRedis(s.env.Redis, 1000+s.plan.Conns)
+	}
+	if err != nil {
+		return run, err
+	}
+	defer stopInto(&err, srv)
+	p := s.plan
+	l := Load{System: st.System, Addr: srv.Addr, Conns: p.Conns, Warmup: p.Warmup,
+		Keys: Dist{Keys: p.Keys}, KeyPrefix: "k", LeaseMs: 30000, Depth: depth, Duration: p.SteadyDuration,
+		Label: fmt.Sprintf("steady %s depth %d", st.Name, depth)}
+	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
+	cpu0, _ := srv.CPU()
+	srvDelay0, genDelay0, t0 := runDelay(srv.Pid()), runDelay(os.Getpid()), time.Now()
+	res, err := Run(ctx, l)
+	if err != nil {
+		return run, err
+	}
+	wall := time.Since(t0).Seconds()
+	cpu1, _ := srv.CPU()
+	perSec := func(d time.Duration) time.Duration { return time.Duration(float64(d) / wall) }
+	run = SteadyRun{Setup: st.Name, Depth: depth, PairsPerSec: res.PairsPerSec(), P99: Q(res.Latency, 99),
+		ServerCores:    (cpu1 - cpu0).Seconds() / wall,
+		ServerRunDelay: perSec(runDelay(srv.Pid()) - srvDelay0),
+		BenchRunDelay:  perSec(runDelay(os.Getpid()) - genDelay0)}
+	fmt.Fprintf(s.env.Log, "   %s pairs/s, p99 %s; server %.2f cores, waited for a core %s/s (generator %s/s)\n",
+		human(run.PairsPerSec), fmtDur(run.P99), run.ServerCores,
+		fmtDur(run.ServerRunDelay), fmtDur(run.BenchRunDelay))
+	return run, nil
+}
+
+// runDelay sums the time pid's threads spent runnable without a core
+// (the second field of /proc/PID/task/TID/schedstat); 0 where the kernel
+// does not keep it. Threads that ended are not counted.
+func runDelay(pid int) time.Duration {
+	dirs, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum time.Duration
+	for _, f := range dirs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if fs := strings.Fields(string(b)); len(fs) >= 2 {
+			if v, err := strconv.ParseInt(fs[1], 10, 64); err == nil {
+				sum += time.Duration(v)
+			}
+		}
+	}
+	return sum
+}
+
+// SteadyStat sums up one set-up's runs at one depth.
+type SteadyStat struct {
+	Runs             int
+	Median, Min, Max float64 // pairs/s
+	Spread           float64 // (max-min)/median
+	P99              time.Duration
+	ServerRunDelay   time.Duration // medians
+	BenchRunDelay    time.Duration
+	ServerCores      float64
+}
+
+func (r *SteadyReport) stat(setup string, depth int) (st SteadyStat, ok bool) {
+	var pairs []float64
+	var p99, srvDelay, genDelay []time.Duration
+	var cores []float64
+	for _, x := range r.Runs {
+		if x.Setup == setup && x.Depth == depth {
+			pairs = append(pairs, x.PairsPerSec)
+			p99 = append(p99, x.P99)
+			srvDelay = append(srvDelay, x.ServerRunDelay)
+			genDelay = append(genDelay, x.BenchRunDelay)
+			cores = append(cores, x.ServerCores)
+		}
+	}
+	if len(pairs) == 0 {
+		return st, false
+	}
+	st = SteadyStat{Runs: len(pairs), Median: medianOf(pairs), Min: slices.Min(pairs), Max: slices.Max(pairs),
+		P99: medianOf(p99), ServerRunDelay: medianOf(srvDelay), BenchRunDelay: medianOf(genDelay),
+		ServerCores: medianOf(cores)}
+	if st.Median > 0 {
+		st.Spread = (st.Max - st.Min) / st.Median
+	}
+	return st, true
+}
+
+func medianOf[T int64 | float64 | time.Duration](v []T) T {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}
+
+// evaluateSteady adds the steady scenario's targets.
+func (r *Report) evaluateSteady(skip func(name, why string)) {
+	const (
+		spreadName = "steady: ticketd depth-64 spread over fresh runs < 15% of the median, or no more than the echo ceiling's"
+		tradeName  = "loops: ticketd's default keeps >= 90% of one loop per core's pairs/s at depth 64"
+	)
+	sr := r.Steady
+	if sr == nil || len(sr.Setups) < 4 {
+		skip(spreadName, "the steady scenario did not run")
+		skip(tradeName, "the steady scenario did not run")
+		return
+	}
+	deep := slices.Max(r.plan.SteadyDepths)
+	def, ok1 := sr.stat(sr.Setups[0].Name, deep)
+	perCore, ok2 := sr.stat(sr.Setups[1].Name, deep)
+	echoes := []SteadyStat{}
+	for _, st := range sr.Setups[2:4] {
+		if e, ok := sr.stat(st.Name, deep); ok {
+			echoes = append(echoes, e)
+		}
+	}
+	if !ok1 || !ok2 || len(echoes) == 0 {
+		skip(spreadName, "a set-up did not run")
+		skip(tradeName, "a set-up did not run")
+		return
+	}
+	echoSpread := 0.0
+	for _, e := range echoes {
+		echoSpread = max(echoSpread, e.Spread)
+	}
+	r.Targets = append(r.Targets, Target{spreadName,
+		fmt.Sprintf("%.0f%% over %d runs (%s to %s pairs/s); echo %.0f%%", 100*def.Spread, def.Runs,
+			human(def.Min), human(def.Max), 100*echoSpread),
+		verdict(def.Spread < 0.15 || def.Spread <= echoSpread)})
+	ratio := def.Median / perCore.Median
+	r.Targets = append(r.Targets, Target{tradeName,
+		fmt.Sprintf("%s vs %s pairs/s (medians) = %.0f%%", human(def.Median), human(perCore.Median), 100*ratio),
+		verdict(ratio >= 0.9)})
+}
+
+func (r *Report) mdSteady(w func(string, ...any)) {
+	sr := r.Steady
+	p := r.plan
+	w("\n## 5. Steadiness and event-loop placement\n\n")
+	w("%d rounds; in each, every set-up gets a fresh server and one closed-loop run of %s per depth "+
+		"(%d connections, %s keys uniform). Figures are medians over the rounds; spread is (max - min) / median "+
+		"of pairs/s. *Waited* is the time the process's threads were runnable but had no core, per second of "+
+		"the run (`run_delay` of `/proc/PID/task/*/schedstat`): the queueing behind a depth-1 tail.\n\n",
+		sr.Rounds, p.SteadyDuration, p.Conns, commas(int64(p.Keys)))
+	w("| set-up | depth | pairs/s (median) | min | max | spread | p99 | server cores | server waited | generator waited |\n")
+	w("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, st := range sr.Setups {
+		for _, d := range p.SteadyDepths {
+			x, ok := sr.stat(st.Name, d)
+			if !ok {
+				continue
+			}
+			w("| %s | %d | %s | %s | %s | %.0f%% | %s | %.2f | %s/s | %s/s |\n", st.Name, d, human(x.Median),
+				human(x.Min), human(x.Max), 100*x.Spread, fmtDur(x.P99), x.ServerCores,
+				fmtDur(x.ServerRunDelay), fmtDur(x.BenchRunDelay))
+		}
+	}
+}
