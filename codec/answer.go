@@ -144,6 +144,67 @@ var (
 // numbers, key and owner bytes and lengths), accepts "\r\n" like ParseRequest,
 // accepts any well-formed error code, and does not allocate.
 func ParseAnswer(buf []byte, a *Answer) (n int, err error) {
+	if n := parseAnswerFast(buf, a); n > 0 {
+		return n, nil
+	}
+	return parseAnswerSlow(buf, a)
+}
+
+// parseAnswerFast is parseFast for answers other than E: one pass over a
+// complete, well-formed line, 0 for anything else.
+func parseAnswerFast(buf []byte, a *Answer) int {
+	if len(buf) > MaxLine {
+		buf = buf[:MaxLine]
+	}
+	if len(buf) < 2 || buf[1] != ' ' {
+		return 0
+	}
+	kind := buf[0]
+	switch kind {
+	case 'A', 'R', 'N':
+		i, token := number(buf, 2)
+		if i < 0 || i >= len(buf) || buf[i] != ' ' || token == 0 {
+			return 0
+		}
+		var owner []byte
+		if kind == 'A' {
+			j, length := field(buf, i+1, MaxOwner)
+			if length < 0 || buf[j] != ' ' {
+				return 0
+			}
+			owner, i = buf[i+1:j:j], j
+		}
+		j, length := field(buf, i+1, MaxKey)
+		if length < 0 {
+			return 0
+		}
+		n := lineEnd(buf, j)
+		if n == 0 {
+			return 0
+		}
+		*a = Answer{Kind: kind, Token: token, Owner: owner, Key: buf[i+1 : j : j]}
+		return n
+	case 'T', 'B':
+		i, length := field(buf, 2, MaxOwner)
+		if length < 0 || buf[i] != ' ' {
+			return 0
+		}
+		j, length := field(buf, i+1, MaxKey)
+		if length < 0 {
+			return 0
+		}
+		n := lineEnd(buf, j)
+		if n == 0 {
+			return 0
+		}
+		*a = Answer{Kind: kind, Owner: buf[2:i:i], Key: buf[i+1 : j : j]}
+		return n
+	}
+	return 0
+}
+
+// parseAnswerSlow is ParseAnswer for any input.
+func parseAnswerSlow(buf []byte, a *Answer) (n int, err error) {
 	line, n := cutLine(buf)
 	if n == 0 {
 		if len(buf) >= MaxLine {

@@ -92,6 +92,11 @@ func FuzzParseAnswer(f *testing.F) {
 		if !bytes.Equal(data, orig) {
 			t.Fatal("buffer modified")
 		}
+		// The one-pass reading must agree with the full one wherever it answers.
+		slow := Answer{Kind: 'Z'}
+		if sn, serr := parseAnswerSlow(data, &slow); sn != n || (serr == nil) != (err == nil) || !sameAnswer(slow, a) {
+			t.Fatalf("full reading: n=%d err=%v %+v; parser: n=%d err=%v %+v", sn, serr, slow, n, err, a)
+		}
 		if n < 0 || n > len(data) || n > MaxLine {
 			t.Fatalf("n=%d out of bounds (len %d)", n, len(data))
 		}
