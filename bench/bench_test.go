@@ -271,7 +271,7 @@ func TestRedisWire(t *testing.T) {
 }
 
 func TestTicketdWireRejectsStrangers(t *testing.T) {
-	c := &conn{ownerPrefix: []byte("c7."), slots: make([]slot, 2), releases: map[releaseID]int32{}}
+	c := &conn{ownerPrefix: []byte("c7."), slots: make([]slot, 2), releases: newReleaseTable(2)}
 	c.slots[1] = slot{index: 1, state: slotAcquiring, owner: []byte("c7.1.4"), key: []byte("k")}
 	w := ticketdWire{}
 	if _, si, out, tok, err := w.parse([]byte("A 9 c7.1.4 k\n"), c); err != nil || si != 1 || out != outAcquired || tok != 9 {
@@ -405,7 +405,7 @@ func TestMarkdownAndChart(t *testing.T) {
 // Tokens grow per key: two grants of one connection may carry the same
 // token on different keys, and their releases must not be confused.
 func TestTicketdWireSameTokenTwoKeys(t *testing.T) {
-	c := &conn{ownerPrefix: []byte("c0."), slots: make([]slot, 2), releases: map[releaseID]int32{}}
+	c := &conn{ownerPrefix: []byte("c0."), slots: make([]slot, 2), releases: newReleaseTable(2)}
 	w := ticketdWire{}
 	for i, key := range []string{"a", "b"} {
 		c.slots[i] = slot{index: int32(i), state: slotReleasing, token: 7, key: []byte(key)}

@@ -260,7 +260,7 @@ type conn struct {
 	inflight  int
 	fifo      []int32 // ordered wires: slots in the order their requests went out
 	fifoHead  int
-	releases  map[releaseID]int32 // ticketd: releases in flight
+	releases  releaseTable // ticketd: releases in flight
 	wbuf      []byte
 	fakeToken uint64
 
@@ -329,7 +329,7 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 			leaseText:   strconv.AppendUint(nil, l.LeaseMs, 10),
 			ownerPrefix: fmt.Appendf(nil, "c%d.", i),
 			slots:       make([]slot, l.Depth),
-			releases:    make(map[releaseID]int32, l.Depth),
+			releases:    newReleaseTable(max(l.Depth, 1)),
 			rbuf:        make([]byte, rbufSize),
 			kick:        make(chan struct{}, 1),
 		}
@@ -860,7 +860,7 @@ func (c *conn) reconnect(cause error) bool {
 	}
 	c.lost += int64(c.inflight)
 	c.inflight = 0
-	clear(c.releases)
+	c.releases.clear()
 	c.rlen = 0
 	c.wbuf = c.wbuf[:0]
 	if c.outageFrom == 0 {
@@ -882,7 +882,7 @@ func (c *conn) reconnect(cause error) bool {
 		c.mu.Lock()
 		c.nc = nc
 		c.inflight = 0
-		clear(c.releases)
+		c.releases.clear()
 		c.wbuf = c.wbuf[:0]
 		now := nanotime()
 		for i := range c.slots {

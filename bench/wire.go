@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"strconv"
 
 	"github.com/ticketd/ticketd/codec"
@@ -65,15 +64,6 @@ var ErrServer = errors.New("server error answer")
 // two keys may have grants with the same token.
 type ticketdWire struct{}
 
-// releaseID finds a release in flight without copying its key.
-type releaseID struct{ token, keyHash uint64 }
-
-var keySeed = maphash.MakeSeed()
-
-func releaseOf(token uint64, key []byte) releaseID {
-	return releaseID{token, maphash.Bytes(keySeed, key)}
-}
-
 func (ticketdWire) ordered() bool { return false }
 
 func (ticketdWire) appendAcquire(dst []byte, c *conn, s *slot) []byte {
@@ -81,7 +71,7 @@ func (ticketdWire) appendAcquire(dst []byte, c *conn, s *slot) []byte {
 }
 
 func (ticketdWire) appendRelease(dst []byte, c *conn, s *slot) []byte {
-	c.releases[releaseOf(s.token, s.key)] = s.index
+	c.releases.put(s.token, s.index)
 	return codec.AppendRelease(dst, s.token, s.key)
 }
 
@@ -103,12 +93,10 @@ func (ticketdWire) parse(buf []byte, c *conn) (int, int32, outcome, uint64, erro
 		}
 		return n, si, out, a.Token, nil
 	case 'R', 'N':
-		id := releaseOf(a.Token, a.Key)
-		si, ok := c.releases[id]
-		if !ok || !bytes.Equal(c.slots[si].key, a.Key) {
+		si := c.releases.take(a.Token, a.Key, c.slots)
+		if si < 0 {
 			return 0, 0, 0, 0, fmt.Errorf("answer %q for a release this connection has not sent", buf[:n-1])
 		}
-		delete(c.releases, id)
 		out := outReleased
 		if a.Kind == 'N' {
 			out = outNotReleased
