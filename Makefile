@@ -51,11 +51,12 @@ test: vet test-alloc
 # unless every one is reported as passed: one that is skipped, renamed, or no
 # longer built fails the target as surely as one that allocates. A new
 # allocation test goes into ALLOC_TESTS (and its package into ALLOC_PKGS).
-ALLOC_PKGS  := ./codec ./netloop ./pprof ./shard ./single
+ALLOC_PKGS  := ./client ./codec ./netloop ./pprof ./shard ./single
 ALLOC_TESTS := TestParseAllocs TestEncodeAllocs TestParseAnswerAllocs \
                TestHistogramObserveDoesNotAllocate \
                TestAllocsAcquireRelease TestAllocsHandOver \
-               TestServerPathDoesNotAllocate TestOutboxDoesNotAllocate
+               TestServerPathDoesNotAllocate TestOutboxDoesNotAllocate \
+               TestClientAcquireReleaseAllocs
 empty :=
 space := $(empty) $(empty)
 ALLOC_RUN := ^($(subst $(space),|,$(strip $(ALLOC_TESTS))))$$

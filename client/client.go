@@ -22,7 +22,6 @@ type Client struct {
 	addrList string // addrs joined, for errors
 	idPrefix string // client id + "."
 	slots    []*slot
-	rr       atomic.Uint32 // spreads calls over slots
 	seq      atomic.Uint64 // sequence of generated owners
 	closed   atomic.Bool
 	ctx      context.Context // ends at Close: stops dialling and backoff
@@ -36,7 +35,6 @@ type Client struct {
 type Lock struct {
 	Key   string
 	Token uint64 // fencing token: larger than every token granted for Key before
-	Owner string // the owner name the acquire was sent with
 
 	// Deadline is a local, conservative end of the lease: the lease runs on
 	// the server from the grant, and Deadline counts from an estimate that
@@ -46,6 +44,22 @@ type Lock struct {
 	// to wall clock changes. The server's clock rate can still differ a
 	// little from the local one: keep a margin.
 	Deadline time.Time
+
+	// The owner the acquire was sent with: the AcquireAs name, or the
+	// client id prefix and the sequence of a generated owner. Kept in parts
+	// so that an Acquire costs no allocation; Owner joins them on request.
+	owner string
+	seq   uint64
+}
+
+// Owner returns the owner name the acquire was sent with ("" for a Lock
+// made by hand from a key and a token).
+func (l Lock) Owner() string {
+	if l.seq == 0 {
+		return l.owner
+	}
+	var b [codec.MaxOwner]byte
+	return string(strconv.AppendUint(append(b[:0], l.owner...), l.seq, 10))
 }
 
 // Dial connects to the ticketd at addr, a host:port or a comma-separated
@@ -210,12 +224,11 @@ func (cl *Client) acquire(ctx context.Context, owner, key string, lease, wait ti
 	case c.err != nil:
 		err = c.err
 	case c.res == 'A':
-		if owner == "" {
-			var b [codec.MaxOwner]byte
-			owner = string(strconv.AppendUint(append(b[:0], cl.idPrefix...), c.seq, 10))
-		}
-		l = Lock{Key: key, Token: c.resToken, Owner: owner,
+		l = Lock{Key: key, Token: c.resToken, owner: owner,
 			Deadline: c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)}
+		if owner == "" {
+			l.owner, l.seq = cl.idPrefix, c.seq
+		}
 	case c.res == 'T' && c.early:
 		err = ErrWaitEnded
 	case c.res == 'T':
@@ -266,6 +279,18 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 	return err
 }
 
+// keySlot hashes key (FNV-1a) onto one of n connections.
+func keySlot(key string, n uint32) uint32 {
+	if n == 1 {
+		return 0
+	}
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	return h % n
+}
+
 func checkKey(key string) error {
 	if !validField(key, codec.MaxKey) {
 		return fmt.Errorf("%w: key %q: want 1 to %d bytes without spaces or control bytes",
@@ -289,11 +314,15 @@ func (cl *Client) submitOrFail(c *call) error {
 	return &ConnError{Addr: cl.addrList, Err: cause}
 }
 
-// submit pushes c onto the queue of an open connection other than except,
-// taking them in turn.
+// submit pushes c onto the queue of an open connection other than except:
+// the one its key hashes to, or if that one is down the next one up. Every
+// request for a key goes out on one connection, so the release a reader
+// hands to a caller comes back to that reader, which writes it with the
+// other replies to the same read (see readLoop), and a release and the next
+// acquire of the key stay in order.
 func (cl *Client) submit(c *call, except *slot) bool {
 	n := uint32(len(cl.slots))
-	i0 := cl.rr.Add(1)
+	i0 := keySlot(c.key, n)
 	for i := range n {
 		s := cl.slots[(i0+i)%n]
 		if s != except && s.push(c) {
@@ -348,10 +377,15 @@ func putCall(c *call) {
 // wait blocks until the call is answered (true) or ctx ends and the call is
 // handed to the connection (false; the caller must not touch c again).
 func (c *call) wait(ctx context.Context) bool {
+	done := ctx.Done()
+	if done == nil { // a context that never ends: a plain receive is cheaper than a select
+		<-c.done
+		return true
+	}
 	select {
 	case <-c.done:
 		return true
-	case <-ctx.Done():
+	case <-done:
 		if c.state.CompareAndSwap(stWaiting, stAbandoned) {
 			return false
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,6 +34,30 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// A generated owner is the client id, a dot and a sequence that grows; a
+// Lock made by hand has none.
+func TestGeneratedOwner(t *testing.T) {
+	srv := startServer(t, "", "")
+	cl := dial(t, srv.addr, client.WithClientID("svc-a"))
+	ctx := testCtx(t)
+	var prev uint64
+	for i := range 3 {
+		l, err := cl.Acquire(ctx, fmt.Sprintf("owner-%d", i), time.Second, 0)
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		o := l.Owner()
+		seq, err := strconv.ParseUint(strings.TrimPrefix(o, "svc-a."), 10, 64)
+		if !strings.HasPrefix(o, "svc-a.") || err != nil || seq <= prev {
+			t.Fatalf("Owner() = %q, want svc-a. and a sequence above %d", o, prev)
+		}
+		prev = seq
+	}
+	if o := (client.Lock{Key: "k", Token: 1}).Owner(); o != "" {
+		t.Errorf("Owner() of a Lock made by hand = %q, want empty", o)
+	}
+}
+
 func TestAcquireRelease(t *testing.T) {
 	srv := startServer(t, "", "")
 	cl := dial(t, srv.addr)
@@ -42,7 +68,7 @@ func TestAcquireRelease(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	if l.Key != "invoices" || l.Token == 0 || l.Owner == "" {
+	if l.Key != "invoices" || l.Token == 0 || l.Owner() == "" {
 		t.Fatalf("Acquire = %+v, want key invoices, a token and an owner", l)
 	}
 	if l.Deadline.Before(before.Add(30*time.Second)) || l.Deadline.After(time.Now().Add(30*time.Second)) {
@@ -64,7 +90,7 @@ func TestAcquireRelease(t *testing.T) {
 	if err != nil {
 		t.Fatalf("AcquireAs: %v", err)
 	}
-	if l2.Owner != "worker-7" || l2.Token <= l.Token {
+	if l2.Owner() != "worker-7" || l2.Token <= l.Token {
 		t.Fatalf("AcquireAs = %+v, want owner worker-7 and a token above %d", l2, l.Token)
 	}
 	// The token, not the connection, proves holdership.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"runtime"
@@ -21,18 +22,29 @@ import (
 // connection it runs two goroutines: the reader (the slot's run goroutine,
 // which also redials) and a writer.
 //
-// Callers push requests onto a lock-free stack (head); the writer takes the
-// whole stack at once, registers the batch in the pending maps under one
+// Callers push requests onto a lock-free stack (head); whoever writes takes
+// the whole stack at once, registers the batch in the pending maps under one
 // lock, encodes it and writes it with one Write. The reader parses every
-// answer of one Read and matches them under one lock. So the hot path takes
-// no lock per request, only per batch, and batches grow with the load. When
+// answer of one Read and matches them under one lock, wakes the callers,
+// and writes what they push in reply itself; the writer goroutine carries
+// only requests that no answer led to. So the hot path takes no lock per
+// request, only per batch, batches grow with the load, and under a steady
+// pipeline there is one write per read, as a hand-written loop would do. When
 // the connection is down, head holds closedCall and pushes fail, so a caller
 // moves on to another slot instead of queueing behind a dead one.
 type slot struct {
 	cl   *Client
 	head atomic.Pointer[call]
 	wake chan struct{} // capacity 1: the stack went from empty to not empty
-	rtt  atomic.Int64  // latest round trip of an answer that did not wait, ns
+
+	// readerWrites is set while the reader hands answers to callers and
+	// then writes what they push in reply: their pushes need not wake the
+	// writer, and their replies go out in one write per read.
+	readerWrites atomic.Bool
+	pushed       atomic.Uint64 // requests pushed so far: how many of the woken callers replied
+	wmu          sync.Mutex    // held from taking the stack to the end of its write
+
+	rtt atomic.Int64 // latest round trip of an answer that did not wait, ns
 
 	mu    sync.Mutex       // guards the pending maps
 	acq   map[uint64]*call // acquires with generated owners, by sequence
@@ -72,7 +84,8 @@ func (s *slot) push(c *call) bool {
 		}
 		c.next = h
 		if s.head.CompareAndSwap(h, c) {
-			if h == nil {
+			s.pushed.Add(1)
+			if h == nil && !s.readerWrites.Load() {
 				select {
 				case s.wake <- struct{}{}:
 				default:
@@ -239,20 +252,13 @@ func (s *slot) finish(c *call) {
 	putCall(c)
 }
 
-// writeLoop encodes and writes batches of queued requests until stop.
+// writeLoop writes what callers queue while the reader is not about to
+// write it itself, until stop.
 func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{}) {
 	defer close(wdone)
-	var (
-		out     []byte
-		batch   []*call
-		refused []*call
-		owner   []byte
-		key     []byte
-		named   []byte
-	)
+	var w batchWriter
 	for {
-		h := s.head.Swap(nil)
-		if h == nil {
+		if s.head.Load() == nil {
 			select {
 			case <-s.wake:
 				continue
@@ -260,78 +266,116 @@ func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{
 				return
 			}
 		}
-		batch = appendStack(batch, h)
-		// Callers that the reader just woke are about to push their next
+		// Callers that were just woken are about to push their next
 		// requests: let them run first, and write all of it at once. One
 		// write per request would cost a syscall each.
-		for range maxYields {
-			runtime.Gosched()
-			if h = s.head.Swap(nil); h == nil {
-				break
-			}
-			batch = appendStack(batch, h)
-		}
-		now := time.Now()
-		out = out[:0]
-		s.mu.Lock()
-		for _, c := range batch {
-			if !c.internal && c.state.Load() == stAbandoned {
-				putCall(c)
-				continue
-			}
-			c.sent = now
-			key = append(key[:0], c.key...)
-			switch {
-			case c.kind == 'R':
-				if first := s.rel[c.token]; first == nil {
-					s.rel[c.token] = c
-				} else {
-					for first.next != nil {
-						first = first.next
-					}
-					first.next = c
-				}
-				out = codec.AppendRelease(out, c.token, key)
-			case c.owner == "":
-				s.acq[c.seq] = c
-				owner = append(owner[:0], s.cl.idPrefix...)
-				owner = strconv.AppendUint(owner, c.seq, 10)
-				out = codec.AppendAcquire(out, owner, key, c.leaseMs, c.waitMs)
-			default:
-				named = append(append(append(named[:0], c.owner...), 0), c.key...)
-				if s.named[string(named)] != nil {
-					refused = append(refused, c)
-					continue
-				}
-				s.named[string(named)] = c
-				owner = append(owner[:0], c.owner...)
-				out = codec.AppendAcquire(out, owner, key, c.leaseMs, c.waitMs)
-			}
-		}
-		s.mu.Unlock()
-		clear(batch)
-		batch = batch[:0]
-		for _, c := range refused {
-			c.err = fmt.Errorf("%w: owner %q already has an acquire of key %q in flight", ErrInvalid, c.owner, c.key)
-			s.finish(c)
-		}
-		clear(refused)
-		refused = refused[:0]
-		if len(out) == 0 {
-			continue
-		}
-		if _, err := nc.Write(out); err != nil {
-			nc.Close() // the reader sees it and fails what is pending
+		s.gather(0, math.MaxInt)
+		if !w.flush(s, nc) {
 			<-stop
 			return
-		}
-		if cap(out) > 1<<20 {
-			out = nil // one burst should not pin a large buffer
 		}
 	}
 }
 
-// maxYields bounds how often the writer yields to collect a batch.
+// gather yields until want more requests were pushed since pushed0, or
+// until a yield saw none pushed, up to maxYields times.
+func (s *slot) gather(pushed0 uint64, want int) {
+	for range maxYields {
+		p := s.pushed.Load()
+		if p-pushed0 >= uint64(want) {
+			return
+		}
+		runtime.Gosched()
+		if s.pushed.Load() == p {
+			return
+		}
+	}
+}
+
+// batchWriter holds the buffers of one goroutine that writes batches.
+type batchWriter struct {
+	out     []byte
+	batch   []*call
+	refused []*call
+	owner   []byte
+	key     []byte
+	named   []byte
+}
+
+// flush takes every queued request, registers them in the pending maps,
+// encodes and writes them with one Write; false if the write failed (the
+// connection is then closed, and the reader fails what is pending).
+// s.wmu orders registration and write, so that releases of one token are
+// matched in the order they went out.
+func (w *batchWriter) flush(s *slot, nc net.Conn) bool {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	h := s.head.Swap(nil)
+	if h == nil {
+		return true
+	}
+	w.batch = appendStack(w.batch, h)
+	now := time.Now()
+	out := w.out[:0]
+	s.mu.Lock()
+	for _, c := range w.batch {
+		if !c.internal && c.state.Load() == stAbandoned {
+			putCall(c)
+			continue
+		}
+		c.sent = now
+		w.key = append(w.key[:0], c.key...)
+		switch {
+		case c.kind == 'R':
+			if first := s.rel[c.token]; first == nil {
+				s.rel[c.token] = c
+			} else {
+				for first.next != nil {
+					first = first.next
+				}
+				first.next = c
+			}
+			out = codec.AppendRelease(out, c.token, w.key)
+		case c.owner == "":
+			s.acq[c.seq] = c
+			w.owner = append(w.owner[:0], s.cl.idPrefix...)
+			w.owner = strconv.AppendUint(w.owner, c.seq, 10)
+			out = codec.AppendAcquire(out, w.owner, w.key, c.leaseMs, c.waitMs)
+		default:
+			w.named = append(append(append(w.named[:0], c.owner...), 0), c.key...)
+			if s.named[string(w.named)] != nil {
+				w.refused = append(w.refused, c)
+				continue
+			}
+			s.named[string(w.named)] = c
+			w.owner = append(w.owner[:0], c.owner...)
+			out = codec.AppendAcquire(out, w.owner, w.key, c.leaseMs, c.waitMs)
+		}
+	}
+	s.mu.Unlock()
+	clear(w.batch)
+	w.batch = w.batch[:0]
+	for _, c := range w.refused {
+		c.err = fmt.Errorf("%w: owner %q already has an acquire of key %q in flight", ErrInvalid, c.owner, c.key)
+		s.finish(c)
+	}
+	clear(w.refused)
+	w.refused = w.refused[:0]
+	w.out = out
+	if cap(w.out) > 1<<20 {
+		w.out = nil // one burst should not pin a large buffer
+	}
+	if len(out) == 0 {
+		return true
+	}
+	if _, err := nc.Write(out); err != nil {
+		nc.Close()
+		return false
+	}
+	return true
+}
+
+// maxYields bounds how often a goroutine that writes yields to collect a batch.
 const maxYields = 4
 
 // appendStack appends the calls of a taken stack to batch in the order they
@@ -357,6 +401,7 @@ func (s *slot) readLoop(nc net.Conn) error {
 		a          codec.Answer
 		batch      []*call
 		named      []byte
+		w          batchWriter
 	)
 	for {
 		n, rerr := nc.Read(buf[end:])
@@ -403,7 +448,17 @@ func (s *slot) readLoop(nc net.Conn) error {
 				batch = append(batch, c)
 			}
 			s.mu.Unlock()
-			// Answers before an E line or a bad one are good.
+			// Answers before an E line or a bad one are good. The callers
+			// woken here mostly reply at once (a release after a grant, the
+			// next acquire after a release): write that in one batch from
+			// here, without waking the writer for it.
+			replies := perr == nil && len(batch) > 0
+			var pushed0 uint64
+			if replies {
+				s.readerWrites.Store(true)
+				pushed0 = s.pushed.Load()
+			}
+			woken := len(batch)
 			for _, c := range batch {
 				s.finish(c)
 			}
@@ -411,6 +466,11 @@ func (s *slot) readLoop(nc net.Conn) error {
 			batch = batch[:0]
 			if perr != nil {
 				return perr
+			}
+			if replies {
+				s.gather(pushed0, woken)
+				s.readerWrites.Store(false)
+				w.flush(s, nc) // a failed write closed nc: the next Read says why
 			}
 			if start == end {
 				start, end = 0, 0

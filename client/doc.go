@@ -3,12 +3,16 @@
 //
 // A Client keeps a few persistent connections (WithConns, default 2) and is
 // safe for concurrent use by any number of goroutines. Calls from all of them
-// are pipelined: each connection has one writer goroutine that sends whatever
-// has queued up with one write, and one reader goroutine that matches answers
-// as they come, in any order. Acquires are matched by owner and key (each
-// acquire gets its own owner, "<client-id>.<sequence>"), releases by token and
-// key. A call takes no lock of its own and starts no goroutine; its state
-// comes from a sync.Pool.
+// are pipelined: every request for a key goes out on the connection the key
+// hashes to (another one while that one is down), so the requests for one
+// key stay in order. Each connection has one reader goroutine that matches
+// answers as they come, in any order, wakes their callers and writes what
+// they send in reply with one write; a writer goroutine sends, also in one
+// write, whatever else has queued up. Acquires are matched by owner and key
+// (each acquire gets its own owner, "<client-id>.<sequence>", which
+// Lock.Owner returns), releases by token and key. A call takes no lock of its
+// own, starts no goroutine and allocates nothing; its state comes from a
+// sync.Pool.
 //
 // # Locks, leases and fencing
 //
@@ -27,8 +31,8 @@
 // past the wait), ErrBusy (B: at capacity) and ErrNotHeld (N: the token does
 // not hold the key). A T that comes before the wait could have passed is
 // ErrWaitEnded: the server gave up the wait, as it does for every queued
-// acquire when it shuts down; errors.Is(err, ErrHeld) holds for it too. A call that loses its connection fails with a *ConnError
-// (errors.Is(err, ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells
+// acquire when it shuts down; errors.Is(err, ErrHeld) holds for it too. A
+// call that loses its connection fails with a *ConnError (errors.Is(err, ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells
 // whether the request had been sent, so that the server may have carried it
 // out. An E line from the server (it could not parse a request) fails every
 // call unanswered on that connection with a *ConnError wrapping a
@@ -37,9 +41,9 @@
 //
 // A broken connection is redialled in the background with backoff, trying
 // the addresses given to Dial in turn, starting after the one it had (a
-// cluster node that answered E unavailable has no quorum for some shard); while it is down, calls go to the
-// other connections, or fail at once with a *ConnError (Unknown false) when
-// none is up.
+// cluster node that answered E unavailable has no quorum for some shard).
+// While it is down, calls go to the other connections, or fail at once with
+// a *ConnError (Unknown false) when none is up.
 //
 // # Contexts
 //

@@ -34,8 +34,8 @@ func defaultConfig() config {
 }
 
 // WithConns sets how many connections the client keeps (default 2). Calls are
-// spread over them; one connection already carries many calls at once, so a
-// few are enough.
+// spread over them by key; one connection already carries many calls at
+// once, so a few are enough.
 func WithConns(n int) Option { return func(c *config) { c.conns = n } }
 
 // WithClientID sets the prefix of the owner names the client sends
