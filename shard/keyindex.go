@@ -32,29 +32,39 @@ func (x *keyIndex) hash(k []byte) uint64 { return maphash.Bytes(x.seed, k) }
 func (x *keyIndex) len() int { return x.n }
 
 func (x *keyIndex) get(k []byte) *entry {
-	if x.n == 0 {
-		return nil
-	}
+	e, _ := x.find(k)
+	return e
+}
+
+// find is get that also returns k's hash, so that an insert that follows a
+// miss (most acquires) does not hash the key again.
+func (x *keyIndex) find(k []byte) (*entry, uint64) {
 	h := x.hash(k)
+	if x.n == 0 {
+		return nil, h
+	}
 	mask := uint64(len(x.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
 		s := &x.slots[i]
 		if s.e == nil {
-			return nil
+			return nil, h
 		}
 		if s.h == h && bytes.Equal(s.e.key, k) {
-			return s.e
+			return s.e, h
 		}
 	}
 }
 
 // put adds e, whose key must not be in the index.
-func (x *keyIndex) put(e *entry) {
+func (x *keyIndex) put(e *entry) { x.putHashed(e, x.hash(e.key)) }
+
+// putHashed is put for an entry whose key hashes to h (from find).
+func (x *keyIndex) putHashed(e *entry, h uint64) {
 	if (x.n+1)*2 > len(x.slots) { // load factor at most 1/2
 		x.grow()
 	}
-	e.hash = x.hash(e.key)
-	x.insert(islot{e.hash, e})
+	e.hash = h
+	x.insert(islot{h, e})
 	x.n++
 }
 

@@ -226,7 +226,7 @@ func (t *Table) Apply(now int64, c *Command, out []Answer) []Answer {
 }
 
 func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
-	e := t.keys.get(c.Key)
+	e, h := t.keys.find(c.Key)
 	if e == nil {
 		if now < t.grace {
 			// Grace: the key counts as held by a phantom (token 0) until t.grace.
@@ -240,7 +240,7 @@ func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 				t.putWaiter()
 				return t.refuse(out, c, Busy)
 			}
-			e = t.register(c.Key)
+			e = t.register(c.Key, h)
 			e.token, e.deadline = 0, t.grace
 			t.enqueue(e, now, c)
 			t.syncLease(e)
@@ -249,7 +249,7 @@ func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 		if !t.takeKey() {
 			return t.refuse(out, c, Busy)
 		}
-		e = t.register(c.Key)
+		e = t.register(c.Key, h)
 		return t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
 	}
 	if !t.cfg.Replicated && e.deadline <= now {
@@ -621,10 +621,11 @@ func (t *Table) putWaiter() {
 	}
 }
 
-// register makes a live entry for key in the key index. The caller has taken the key's room.
-func (t *Table) register(key []byte) *entry {
+// register makes a live entry for key, which hashes to h, in the key index.
+// The caller has taken the key's room.
+func (t *Table) register(key []byte, h uint64) *entry {
 	e := t.newEntry(key)
-	t.keys.put(e)
+	t.keys.putHashed(e, h)
 	e.live = true
 	return e
 }
