@@ -22,14 +22,16 @@ import (
 // connection it runs two goroutines: the reader (the slot's run goroutine,
 // which also redials) and a writer.
 //
-// Callers push requests onto a lock-free stack (head); whoever writes takes
-// the whole stack at once, registers the batch in the pending maps under one
+// Callers push requests onto a lock-free stack (head); the writer takes the
+// whole stack at once, registers the batch in the pending maps under one
 // lock, encodes it and writes it with one Write. The reader parses every
 // answer of one Read and matches them under one lock, wakes the callers,
-// and writes what they push in reply itself; the writer goroutine carries
-// only requests that no answer led to. So the hot path takes no lock per
-// request, only per batch, batches grow with the load, and under a steady
-// pipeline there is one write per read, as a hand-written loop would do. When
+// lets them push their replies, and then wakes the writer once for all of
+// them. So the hot path takes no lock per request, only per batch, batches
+// grow with the load, and under a steady pipeline there is one write per
+// read, as a hand-written loop would do. The reader never writes: it must
+// go on draining answers while a write blocks, or a server that stops
+// reading until its answers are read would wait on it forever. When
 // the connection is down, head holds closedCall and pushes fail, so a caller
 // moves on to another slot instead of queueing behind a dead one.
 type slot struct {
@@ -37,12 +39,11 @@ type slot struct {
 	head atomic.Pointer[call]
 	wake chan struct{} // capacity 1: the stack went from empty to not empty
 
-	// readerWrites is set while the reader hands answers to callers and
-	// then writes what they push in reply: their pushes need not wake the
-	// writer, and their replies go out in one write per read.
-	readerWrites atomic.Bool
-	pushed       atomic.Uint64 // requests pushed so far: how many of the woken callers replied
-	wmu          sync.Mutex    // held from taking the stack to the end of its write
+	// readerWakes is set while the reader hands answers to callers and
+	// waits for their replies: their pushes need not wake the writer, as
+	// the reader does that once for all of them.
+	readerWakes atomic.Bool
+	pushed      atomic.Uint64 // requests pushed so far: how many of the woken callers replied
 
 	rtt atomic.Int64 // latest round trip of an answer that did not wait, ns
 
@@ -85,14 +86,18 @@ func (s *slot) push(c *call) bool {
 		c.next = h
 		if s.head.CompareAndSwap(h, c) {
 			s.pushed.Add(1)
-			if h == nil && !s.readerWrites.Load() {
-				select {
-				case s.wake <- struct{}{}:
-				default:
-				}
+			if h == nil && !s.readerWakes.Load() {
+				s.wakeWriter()
 			}
 			return true
 		}
+	}
+}
+
+func (s *slot) wakeWriter() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -252,8 +257,7 @@ func (s *slot) finish(c *call) {
 	putCall(c)
 }
 
-// writeLoop writes what callers queue while the reader is not about to
-// write it itself, until stop.
+// writeLoop encodes and writes batches of queued requests until stop.
 func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{}) {
 	defer close(wdone)
 	var w batchWriter
@@ -292,7 +296,7 @@ func (s *slot) gather(pushed0 uint64, want int) {
 	}
 }
 
-// batchWriter holds the buffers of one goroutine that writes batches.
+// batchWriter holds the writer's buffers.
 type batchWriter struct {
 	out     []byte
 	batch   []*call
@@ -305,11 +309,7 @@ type batchWriter struct {
 // flush takes every queued request, registers them in the pending maps,
 // encodes and writes them with one Write; false if the write failed (the
 // connection is then closed, and the reader fails what is pending).
-// s.wmu orders registration and write, so that releases of one token are
-// matched in the order they went out.
 func (w *batchWriter) flush(s *slot, nc net.Conn) bool {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
 	h := s.head.Swap(nil)
 	if h == nil {
 		return true
@@ -375,7 +375,7 @@ func (w *batchWriter) flush(s *slot, nc net.Conn) bool {
 	return true
 }
 
-// maxYields bounds how often a goroutine that writes yields to collect a batch.
+// maxYields bounds how often the writer or the reader yields to collect a batch.
 const maxYields = 4
 
 // appendStack appends the calls of a taken stack to batch in the order they
@@ -401,7 +401,6 @@ func (s *slot) readLoop(nc net.Conn) error {
 		a          codec.Answer
 		batch      []*call
 		named      []byte
-		w          batchWriter
 	)
 	for {
 		n, rerr := nc.Read(buf[end:])
@@ -450,12 +449,12 @@ func (s *slot) readLoop(nc net.Conn) error {
 			s.mu.Unlock()
 			// Answers before an E line or a bad one are good. The callers
 			// woken here mostly reply at once (a release after a grant, the
-			// next acquire after a release): write that in one batch from
-			// here, without waking the writer for it.
+			// next acquire after a release): let them, then wake the writer
+			// once for the lot instead of at the first push.
 			replies := perr == nil && len(batch) > 0
 			var pushed0 uint64
 			if replies {
-				s.readerWrites.Store(true)
+				s.readerWakes.Store(true)
 				pushed0 = s.pushed.Load()
 			}
 			woken := len(batch)
@@ -469,8 +468,10 @@ func (s *slot) readLoop(nc net.Conn) error {
 			}
 			if replies {
 				s.gather(pushed0, woken)
-				s.readerWrites.Store(false)
-				w.flush(s, nc) // a failed write closed nc: the next Read says why
+				s.readerWakes.Store(false)
+				if s.head.Load() != nil {
+					s.wakeWriter()
+				}
 			}
 			if start == end {
 				start, end = 0, 0
