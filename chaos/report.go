@@ -41,7 +41,7 @@ func Gaps(h *History, shards int) []Gap {
 	for _, o := range h.Ops {
 		if o.Kind != 'W' && o.Complete >= 0 {
 			done = append(done, o.Complete)
-			s := shard.Index([]byte(o.Key), shards)
+			s := shard.Index(o.Key, shards)
 			perShard[s] = append(perShard[s], o.Complete)
 		}
 	}

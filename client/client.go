@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/shard"
 )
 
 // Client is a connection pool to ticketd. All its methods are safe for
@@ -279,18 +280,6 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 	return err
 }
 
-// keySlot hashes key (FNV-1a) onto one of n connections.
-func keySlot(key string, n uint32) uint32 {
-	if n == 1 {
-		return 0
-	}
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint32(key[i])) * 16777619
-	}
-	return h % n
-}
-
 func checkKey(key string) error {
 	if !validField(key, codec.MaxKey) {
 		return fmt.Errorf("%w: key %q: want 1 to %d bytes without spaces or control bytes",
@@ -322,7 +311,7 @@ func (cl *Client) submitOrFail(c *call) error {
 // acquire of the key stay in order.
 func (cl *Client) submit(c *call, except *slot) bool {
 	n := uint32(len(cl.slots))
-	i0 := keySlot(c.key, n)
+	i0 := uint32(shard.Index(c.key, int(n)))
 	for i := range n {
 		s := cl.slots[(i0+i)%n]
 		if s != except && s.push(c) {

@@ -6,9 +6,9 @@
 // are pipelined: every request for a key goes out on the connection the key
 // hashes to (another one while that one is down), so the requests for one
 // key stay in order. Each connection has one reader goroutine that matches
-// answers as they come, in any order, wakes their callers and writes what
-// they send in reply with one write; a writer goroutine sends, also in one
-// write, whatever else has queued up. Acquires are matched by owner and key
+// answers as they come, in any order, and wakes their callers, and one writer
+// goroutine that sends whatever has queued up with one write (after a read,
+// once the woken callers have sent their replies). Acquires are matched by owner and key
 // (each acquire gets its own owner, "<client-id>.<sequence>", which
 // Lock.Owner returns), releases by token and key. A call takes no lock of its
 // own, starts no goroutine and allocates nothing; its state comes from a
@@ -32,9 +32,9 @@
 // not hold the key). A T that comes before the wait could have passed is
 // ErrWaitEnded: the server gave up the wait, as it does for every queued
 // acquire when it shuts down; errors.Is(err, ErrHeld) holds for it too. A
-// call that loses its connection fails with a *ConnError (errors.Is(err, ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells
-// whether the request had been sent, so that the server may have carried it
-// out. An E line from the server (it could not parse a request) fails every
+// call that loses its connection fails with a *ConnError (errors.Is(err,
+// ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells whether the
+// request had been sent, so that the server may have carried it out. An E line from the server (it could not parse a request) fails every
 // call unanswered on that connection with a *ConnError wrapping a
 // *ServerError. The client checks keys, owners, leases and waits before
 // sending, so that one bad call cannot take down the calls of others.

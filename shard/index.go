@@ -4,8 +4,9 @@ package shard
 //
 // The hash is 64-bit FNV-1a, reduced mod n. A cluster's data is placed by it: changing the
 // hash (or n) moves keys to other shards, so it is a breaking change for cluster
-// deployments and needs a migration. n < 1 is treated as 1.
-func Index(key []byte, n int) int {
+// deployments and needs a migration. n < 1 is treated as 1. It takes a string as well, so
+// that the client spreads keys over its connections with it without a conversion.
+func Index[K ~string | ~[]byte](key K, n int) int {
 	if n <= 1 {
 		return 0
 	}
@@ -14,8 +15,8 @@ func Index(key []byte, n int) int {
 		prime  = 1099511628211
 	)
 	h := uint64(offset)
-	for _, b := range key {
-		h ^= uint64(b)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
 		h *= prime
 	}
 	return int(h % uint64(n))
