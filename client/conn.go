@@ -26,12 +26,14 @@ import (
 // whole stack at once, registers the batch in the pending maps under one
 // lock, encodes it and writes it with one Write. The reader parses every
 // answer of one Read and matches them under one lock, wakes the callers,
-// lets them push their replies, and then wakes the writer once for all of
-// them. So the hot path takes no lock per request, only per batch, batches
-// grow with the load, and under a steady pipeline there is one write per
-// read, as a hand-written loop would do. The reader never writes: it must
-// go on draining answers while a write blocks, or a server that stops
-// reading until its answers are read would wait on it forever. When
+// lets them push their replies, and then writes them itself if the writer
+// is idle, or else wakes it. So the hot path takes no lock per request, only
+// per batch, batches grow with the load, and under a steady pipeline there
+// is one write per read and no goroutine between the read and the write, as
+// a hand-written loop would do. The reader's writes never block: it must go
+// on draining answers while the socket is full, or a server that stops
+// reading until its answers are read would wait on it forever. What does
+// not fit goes to the writer, which may block. When
 // the connection is down, head holds closedCall and pushes fail, so a caller
 // moves on to another slot instead of queueing behind a dead one.
 type slot struct {
@@ -54,6 +56,13 @@ type slot struct {
 
 	ncMu sync.Mutex // guards nc against Close
 	nc   net.Conn
+
+	// wmu is held by whoever writes to the connection: the writer, or the
+	// reader when it finds the writer idle (TryLock). w's rest, bytes a
+	// write of the reader's left unsent, goes out before anything else.
+	wmu sync.Mutex
+	w   batchWriter
+	try tryWriter // the reader's writes that never block
 
 	// Owned by the run goroutine.
 	addrIdx int
@@ -181,6 +190,7 @@ func (s *slot) serve(nc net.Conn) {
 	// Open the stack before the writer starts: the writer must never take
 	// the closed mark for a call.
 	s.head.CompareAndSwap(closedCall, nil)
+	s.try.reset(nc)
 	stop := make(chan struct{})
 	wdone := make(chan struct{})
 	go s.writeLoop(nc, stop, wdone)
@@ -260,25 +270,43 @@ func (s *slot) finish(c *call) {
 // writeLoop encodes and writes batches of queued requests until stop.
 func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{}) {
 	defer close(wdone)
-	var w batchWriter
+	defer func() { s.wmu.Lock(); s.w.rest = nil; s.wmu.Unlock() }() // a later connection starts clean
 	for {
-		if s.head.Load() == nil {
-			select {
-			case <-s.wake:
-				continue
-			case <-stop:
+		select {
+		case <-s.wake:
+		case <-stop:
+			return
+		}
+		s.wmu.Lock()
+		for len(s.w.rest) > 0 || s.head.Load() != nil {
+			// Callers that were just woken are about to push their next
+			// requests: let them run first, and write all of it at once.
+			// One write per request would cost a syscall each.
+			s.gather(0, math.MaxInt)
+			if !s.w.flush(s, nc, nil) {
+				s.wmu.Unlock()
+				<-stop
 				return
 			}
 		}
-		// Callers that were just woken are about to push their next
-		// requests: let them run first, and write all of it at once. One
-		// write per request would cost a syscall each.
-		s.gather(0, math.MaxInt)
-		if !w.flush(s, nc) {
-			<-stop
-			return
-		}
+		s.wmu.Unlock()
 	}
+}
+
+// writeOrWake writes the queued requests from the reader if no write is under
+// way, without blocking; whatever the socket does not take, and everything
+// when a write is under way, is left to the writer.
+func (s *slot) writeOrWake(nc net.Conn) {
+	if !s.try.ok || !s.wmu.TryLock() {
+		s.wakeWriter()
+		return
+	}
+	if len(s.w.rest) > 0 || !s.w.flush(s, nc, &s.try) || len(s.w.rest) > 0 {
+		s.wmu.Unlock()
+		s.wakeWriter()
+		return
+	}
+	s.wmu.Unlock()
 }
 
 // gather yields until want more requests were pushed since pushed0, or
@@ -296,9 +324,10 @@ func (s *slot) gather(pushed0 uint64, want int) {
 	}
 }
 
-// batchWriter holds the writer's buffers.
+// batchWriter holds the buffers of the slot's writes; guarded by wmu.
 type batchWriter struct {
 	out     []byte
+	rest    []byte // the tail of out that a write that must not block left unsent
 	batch   []*call
 	refused []*call
 	owner   []byte
@@ -306,10 +335,23 @@ type batchWriter struct {
 	named   []byte
 }
 
-// flush takes every queued request, registers them in the pending maps,
-// encodes and writes them with one Write; false if the write failed (the
-// connection is then closed, and the reader fails what is pending).
-func (w *batchWriter) flush(s *slot, nc net.Conn) bool {
+// flush writes rest, then takes every queued request, registers them in the
+// pending maps, encodes and writes them with one write; false if a write
+// failed (the connection is then closed, and the reader fails what is
+// pending). With try it writes only what the socket takes at once and leaves
+// the remainder in rest.
+func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
+	if len(w.rest) > 0 {
+		if try != nil {
+			return true // the writer's job: try is never set with rest
+		}
+		_, err := nc.Write(w.rest)
+		w.rest = nil
+		if err != nil {
+			nc.Close()
+			return false
+		}
+	}
 	h := s.head.Swap(nil)
 	if h == nil {
 		return true
@@ -368,7 +410,14 @@ func (w *batchWriter) flush(s *slot, nc net.Conn) bool {
 	if len(out) == 0 {
 		return true
 	}
-	if _, err := nc.Write(out); err != nil {
+	var err error
+	if try != nil {
+		w.rest, err = try.write(out)
+	} else {
+		_, err = nc.Write(out)
+	}
+	if err != nil {
+		w.rest = nil
 		nc.Close()
 		return false
 	}
@@ -470,7 +519,7 @@ func (s *slot) readLoop(nc net.Conn) error {
 				s.gather(pushed0, woken)
 				s.readerWakes.Store(false)
 				if s.head.Load() != nil {
-					s.wakeWriter()
+					s.writeOrWake(nc)
 				}
 			}
 			if start == end {

@@ -6,9 +6,10 @@
 // are pipelined: every request for a key goes out on the connection the key
 // hashes to (another one while that one is down), so the requests for one
 // key stay in order. Each connection has one reader goroutine that matches
-// answers as they come, in any order, and wakes their callers, and one writer
-// goroutine that sends whatever has queued up with one write (after a read,
-// once the woken callers have sent their replies). Acquires are matched by owner and key
+// answers as they come, in any order, and wakes their callers; once they
+// have queued their replies, it writes them with one write if the socket
+// takes them at once. A writer goroutine sends the rest, and what queues up
+// between reads, with one write. Acquires are matched by owner and key
 // (each acquire gets its own owner, "<client-id>.<sequence>", which
 // Lock.Owner returns), releases by token and key. A call takes no lock of its
 // own, starts no goroutine and allocates nothing; its state comes from a
