@@ -300,8 +300,11 @@ func (r *Report) Markdown(chart string, failoverChart ...string) string {
 	if r.RedisVersion != "" {
 		w("; %s", r.RedisVersion)
 	}
-	w(". Open-descriptor limit per process: %d (bench), %d (ticketd). Ran %s on %s.\n\n",
-		r.BenchFDLimit, r.ServerFDLimit, r.Elapsed, r.Started.UTC().Format("2006-01-02 15:04 UTC"))
+	w(". Open-descriptor limit per process: %d (bench)", r.BenchFDLimit)
+	if r.ServerFDLimit > 0 { // read from a server that the scenarios run started
+		w(", %d (ticketd)", r.ServerFDLimit)
+	}
+	w(". Ran %s on %s.\n\n", r.Elapsed, r.Started.UTC().Format("2006-01-02 15:04 UTC"))
 	w("A lock pair is an acquire and, once granted, the release of that grant (ticketd: `A`/`R` lines; "+
 		"Redis: `SET key owner NX PX 30000` and a compare-and-delete script by `EVALSHA`; echo: ticketd's own "+
 		"request lines sent back unchanged, the ceiling for this frame size). Latency is per request line; "+
