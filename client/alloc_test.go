@@ -34,6 +34,21 @@ func TestClientAcquireReleaseAllocs(t *testing.T) {
 	if a := testing.AllocsPerRun(1000, cycle); a != 0 {
 		t.Errorf("Acquire+Release: %v allocations per pair, want 0", a)
 	}
+	noWait := func() {
+		l, err := cl.Acquire(ctx, "alloc-key-2", 30*time.Second, 0)
+		if err == nil {
+			err = cl.ReleaseNoWait(l)
+		}
+		if err != nil && failed == nil {
+			failed = err
+		}
+	}
+	for range 100 {
+		noWait()
+	}
+	if a := testing.AllocsPerRun(1000, noWait); a != 0 {
+		t.Errorf("Acquire+ReleaseNoWait: %v allocations per pair, want 0", a)
+	}
 	if failed != nil {
 		t.Fatal(failed)
 	}

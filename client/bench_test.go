@@ -8,6 +8,8 @@ package client_test
 //
 // The ratio of the two ns/op is the cost of the client (matching, pooling,
 // goroutine hand-offs) over what the server and the network cost anyway.
+// The NoWait and Pipelined pair does the same with releases that nobody
+// waits for, each sent beside the key's next acquire.
 
 import (
 	"bufio"
@@ -30,7 +32,14 @@ const (
 	benchInFlight = 64 // goroutines for the client; window of operations for the raw generator
 )
 
-func BenchmarkClientAcquireRelease(b *testing.B) {
+func BenchmarkClientAcquireRelease(b *testing.B) { benchClient(b, false) }
+
+// BenchmarkClientAcquireReleaseNoWait releases with ReleaseNoWait: the
+// caller's next acquire goes out beside its release. Its floor is
+// BenchmarkRawAcquireReleasePipelined.
+func BenchmarkClientAcquireReleaseNoWait(b *testing.B) { benchClient(b, true) }
+
+func benchClient(b *testing.B, noWait bool) {
 	srv := startServer(b, "", "")
 	cl := dial(b, srv.addr, client.WithConns(benchConns))
 	ctx := context.Background()
@@ -46,7 +55,12 @@ func BenchmarkClientAcquireRelease(b *testing.B) {
 				b.Error(err)
 				return
 			}
-			if err := cl.Release(ctx, l); err != nil {
+			if noWait {
+				err = cl.ReleaseNoWait(l)
+			} else {
+				err = cl.Release(ctx, l)
+			}
+			if err != nil {
 				b.Error(err)
 				return
 			}
@@ -57,7 +71,13 @@ func BenchmarkClientAcquireRelease(b *testing.B) {
 // BenchmarkRawAcquireRelease is the floor: per connection one goroutine keeps
 // a window of keys busy, answering each A with an R and each R with the next
 // A, and writes all requests of one read at once.
-func BenchmarkRawAcquireRelease(b *testing.B) {
+func BenchmarkRawAcquireRelease(b *testing.B) { benchRaw(b, false) }
+
+// BenchmarkRawAcquireReleasePipelined answers each A with its R and the
+// key's next A at once, as ReleaseNoWait lets a client do.
+func BenchmarkRawAcquireReleasePipelined(b *testing.B) { benchRaw(b, true) }
+
+func benchRaw(b *testing.B, pipelined bool) {
 	srv := startServer(b, "", "")
 	window := benchInFlight / benchConns
 	var wg sync.WaitGroup
@@ -81,7 +101,7 @@ func BenchmarkRawAcquireRelease(b *testing.B) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := rawLoad(nc, i, window, ops); err != nil {
+			if err := rawLoad(nc, i, window, ops, pipelined); err != nil {
 				errs <- err
 			}
 		}()
@@ -94,7 +114,7 @@ func BenchmarkRawAcquireRelease(b *testing.B) {
 	}
 }
 
-func rawLoad(nc net.Conn, conn, window, ops int) error {
+func rawLoad(nc net.Conn, conn, window, ops int, pipelined bool) error {
 	keys := make([][]byte, window)
 	owner := []byte("raw-" + strconv.Itoa(conn))
 	for i := range keys {
@@ -141,9 +161,13 @@ func rawLoad(nc net.Conn, conn, window, ops int) error {
 			switch a.Kind {
 			case 'A':
 				out = codec.AppendRelease(out, a.Token, a.Key)
+				if pipelined && started < ops {
+					out = codec.AppendAcquire(out, owner, keys[keyIndex(a.Key)], 30000, 0)
+					started++
+				}
 			case 'R':
 				done++
-				if started < ops {
+				if !pipelined && started < ops {
 					out = codec.AppendAcquire(out, owner, keys[keyIndex(a.Key)], 30000, 0)
 					started++
 				}

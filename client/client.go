@@ -280,6 +280,36 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 	return err
 }
 
+// ReleaseNoWait gives up l like Release, but returns as soon as the release
+// is queued, without waiting for the server's answer: the caller saves a
+// round trip, and the release goes out with the next write on its
+// connection, beside the requests of other callers. It returns an error only
+// if the release cannot be queued (ErrInvalid, ErrClosed, or a *ConnError
+// when no connection is up); what the server answers is not reported. A
+// release queued when its connection breaks goes out on another one; if
+// none is up, it is dropped and the lease ends by itself. A later Acquire of
+// the same key by this client goes out after it on the same connection, so
+// it is not refused by the lock it just gave up (unless that connection
+// breaks in between).
+func (cl *Client) ReleaseNoWait(l Lock) error {
+	if err := checkKey(l.Key); err != nil {
+		return err
+	}
+	if l.Token == 0 {
+		return fmt.Errorf("%w: token 0 (not a granted lock)", ErrInvalid)
+	}
+	if cl.closed.Load() {
+		return ErrClosed
+	}
+	c := getCall()
+	c.kind, c.internal, c.key, c.token = 'R', true, l.Key, l.Token
+	if err := cl.submitOrFail(c); err != nil {
+		putCall(c)
+		return err
+	}
+	return nil
+}
+
 func checkKey(key string) error {
 	if !validField(key, codec.MaxKey) {
 		return fmt.Errorf("%w: key %q: want 1 to %d bytes without spaces or control bytes",
@@ -336,7 +366,7 @@ type call struct {
 	next     *call // in a connection's submission stack, or a release chain in pending
 	state    atomic.Uint32
 	kind     byte // 'A' or 'R'
-	internal bool // a release the client sends by itself: nobody waits for it
+	internal bool // a release nobody waits for (a late grant's, or ReleaseNoWait)
 	seq      uint64
 	owner    string // AcquireAs only
 	key      string

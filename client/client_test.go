@@ -100,6 +100,49 @@ func TestAcquireRelease(t *testing.T) {
 	}
 }
 
+// ReleaseNoWait returns before the answer, and the same client's next
+// acquire of the key comes after the release: it is granted at once, even
+// with no wait, and its token is higher.
+func TestReleaseNoWait(t *testing.T) {
+	srv := startServer(t, "", "")
+	cl := dial(t, srv.addr)
+	ctx := testCtx(t)
+
+	var last uint64
+	for i := range 500 {
+		l, err := cl.Acquire(ctx, "reports", 30*time.Second, 0)
+		if err != nil {
+			t.Fatalf("Acquire %d after ReleaseNoWait: %v", i, err)
+		}
+		if l.Token <= last {
+			t.Fatalf("token %d after %d", l.Token, last)
+		}
+		last = l.Token
+		if err := cl.ReleaseNoWait(l); err != nil {
+			t.Fatalf("ReleaseNoWait: %v", err)
+		}
+	}
+	// The last release reaches the server too: another client gets the key.
+	other := dial(t, srv.addr, client.WithConns(1))
+	if _, err := other.Acquire(ctx, "reports", time.Second, 5*time.Second); err != nil {
+		t.Fatalf("Acquire from another client after ReleaseNoWait: %v", err)
+	}
+	// An answer of N (the lock was gone already) is not an error anywhere.
+	if err := cl.ReleaseNoWait(client.Lock{Key: "never-held", Token: 1}); err != nil {
+		t.Fatalf("ReleaseNoWait of a lock not held: %v", err)
+	}
+	if _, err := cl.Acquire(ctx, "still-up", time.Second, 0); err != nil {
+		t.Fatalf("Acquire after an N to a ReleaseNoWait: %v", err)
+	}
+	if err := cl.ReleaseNoWait(client.Lock{Key: "x"}); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("ReleaseNoWait with token 0: %v, want ErrInvalid", err)
+	}
+	cl.Close()
+	if err := cl.ReleaseNoWait(client.Lock{Key: "x", Token: 1}); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("ReleaseNoWait after Close: %v, want ErrClosed", err)
+	}
+}
+
 func TestWaitHandOver(t *testing.T) {
 	srv := startServer(t, "", "")
 	cl := dial(t, srv.addr)

@@ -506,8 +506,11 @@ func (s *slot) readLoop(nc net.Conn) error {
 				s.readerWakes.Store(true)
 				pushed0 = s.pushed.Load()
 			}
-			woken := len(batch)
+			woken := 0 // callers that will reply
 			for _, c := range batch {
+				if !c.internal {
+					woken++
+				}
 				s.finish(c)
 			}
 			clear(batch)

@@ -26,6 +26,11 @@
 // lock guards, and have the resource refuse a token lower than the highest it
 // has seen. See the Fencing example.
 //
+// Release waits for the server's answer. ReleaseNoWait does not: it
+// returns once the release is queued, so that a caller that does not need
+// the outcome saves a round trip, and its next acquire of the key goes out
+// right after the release.
+//
 // # Errors
 //
 // The server's refusals are plain values: ErrHeld (T: held by someone else
