@@ -6,6 +6,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/client"
 )
 
 // An acquire and its release allocate nothing once the client is warm: the
@@ -19,35 +21,28 @@ func TestClientAcquireReleaseAllocs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var failed error
-	cycle := func() {
-		l, err := cl.Acquire(ctx, "alloc-key", 30*time.Second, 0)
-		if err == nil {
-			err = cl.Release(ctx, l)
+	for _, tc := range []struct {
+		name, key string
+		release   func(client.Lock) error
+	}{
+		{"Acquire+Release", "alloc-key", func(l client.Lock) error { return cl.Release(ctx, l) }},
+		{"Acquire+ReleaseNoWait", "alloc-key-2", cl.ReleaseNoWait},
+	} {
+		cycle := func() {
+			l, err := cl.Acquire(ctx, tc.key, 30*time.Second, 0)
+			if err == nil {
+				err = tc.release(l)
+			}
+			if err != nil && failed == nil {
+				failed = err
+			}
 		}
-		if err != nil && failed == nil {
-			failed = err
+		for range 100 {
+			cycle()
 		}
-	}
-	for range 100 {
-		cycle()
-	}
-	if a := testing.AllocsPerRun(1000, cycle); a != 0 {
-		t.Errorf("Acquire+Release: %v allocations per pair, want 0", a)
-	}
-	noWait := func() {
-		l, err := cl.Acquire(ctx, "alloc-key-2", 30*time.Second, 0)
-		if err == nil {
-			err = cl.ReleaseNoWait(l)
+		if a := testing.AllocsPerRun(1000, cycle); a != 0 {
+			t.Errorf("%s: %v allocations per pair, want 0", tc.name, a)
 		}
-		if err != nil && failed == nil {
-			failed = err
-		}
-	}
-	for range 100 {
-		noWait()
-	}
-	if a := testing.AllocsPerRun(1000, noWait); a != 0 {
-		t.Errorf("Acquire+ReleaseNoWait: %v allocations per pair, want 0", a)
 	}
 	if failed != nil {
 		t.Fatal(failed)

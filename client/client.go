@@ -246,30 +246,19 @@ func (cl *Client) acquire(ctx context.Context, owner, key string, lease, wait ti
 // before, or expired and taken over), a *ConnError, or ctx.Err() if ctx ended
 // first; in the last two cases the release may still have been carried out.
 func (cl *Client) Release(ctx context.Context, l Lock) error {
-	if err := checkKey(l.Key); err != nil {
+	if err := checkLock(l); err != nil {
 		return err
-	}
-	if l.Token == 0 {
-		return fmt.Errorf("%w: token 0 (not a granted lock)", ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if cl.closed.Load() {
-		return ErrClosed
-	}
-	c := getCall()
-	c.kind = 'R'
-	c.key = l.Key
-	c.token = l.Token
-	if err := cl.submitOrFail(c); err != nil {
-		putCall(c)
+	c, err := cl.queueRelease(l, false)
+	if err != nil {
 		return err
 	}
 	if !c.wait(ctx) {
 		return ctx.Err()
 	}
-	var err error
 	switch {
 	case c.err != nil:
 		err = c.err
@@ -292,22 +281,41 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 // it is not refused by the lock it just gave up (unless that connection
 // breaks in between).
 func (cl *Client) ReleaseNoWait(l Lock) error {
+	if err := checkLock(l); err != nil {
+		return err
+	}
+	_, err := cl.queueRelease(l, true)
+	return err
+}
+
+// checkLock refuses a Lock that no grant can have made.
+func checkLock(l Lock) error {
 	if err := checkKey(l.Key); err != nil {
 		return err
 	}
 	if l.Token == 0 {
 		return fmt.Errorf("%w: token 0 (not a granted lock)", ErrInvalid)
 	}
+	return nil
+}
+
+// queueRelease hands a release of l to a connection and returns its call to
+// wait on; with noWait nobody waits for the answer, the connection recycles
+// the call, and nil is returned.
+func (cl *Client) queueRelease(l Lock, noWait bool) (*call, error) {
 	if cl.closed.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	c := getCall()
-	c.kind, c.internal, c.key, c.token = 'R', true, l.Key, l.Token
+	c.kind, c.internal, c.key, c.token = 'R', noWait, l.Key, l.Token
 	if err := cl.submitOrFail(c); err != nil {
 		putCall(c)
-		return err
+		return nil, err
 	}
-	return nil
+	if noWait {
+		return nil, nil // answered and recycled maybe already: not ours to touch
+	}
+	return c, nil
 }
 
 func checkKey(key string) error {

@@ -301,7 +301,7 @@ func (s *slot) writeOrWake(nc net.Conn) {
 		s.wakeWriter()
 		return
 	}
-	if len(s.w.rest) > 0 || !s.w.flush(s, nc, &s.try) || len(s.w.rest) > 0 {
+	if !s.w.flush(s, nc, &s.try) || len(s.w.rest) > 0 {
 		s.wmu.Unlock()
 		s.wakeWriter()
 		return
@@ -343,7 +343,7 @@ type batchWriter struct {
 func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 	if len(w.rest) > 0 {
 		if try != nil {
-			return true // the writer's job: try is never set with rest
+			return true // the writer's job: it may have to wait
 		}
 		_, err := nc.Write(w.rest)
 		w.rest = nil
