@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -377,4 +378,87 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	y := c.dial(1)
 	y.send("R 1 k")
 	y.expect("R 1 k")
+}
+
+// leads waits until every shard has a leader that knows it leads, and
+// returns, per shard, the slot of that node.
+func (c *testCluster) leads() []int {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var at []int
+		for sh := range c.opt.Shards {
+			at = append(at, -1)
+			for i, n := range c.nodes {
+				if n != nil && n.grps[sh].leader.Load() == uint64(n.opt.NodeID) {
+					at[sh] = i
+				}
+			}
+		}
+		if !slices.Contains(at, -1) {
+			return at
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("shards without a leader that knows it: %v", at)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A node that stops cleanly hands its shards' leadership over first: when
+// its shutdown returns, each of them already has a leader among the others,
+// with no election timeout to sit out. It gets them back once it returns.
+func TestClusterCleanStopHandsLeadershipOver(t *testing.T) {
+	const shards = 6
+	c := newTestCluster(t, shards)
+	// Wait for balanceLoop to spread leadership: shard i prefers node i mod 3.
+	deadline := time.Now().Add(15 * time.Second)
+	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leadership not spread: %v", c.leads())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	keys := make([]string, shards) // a key on each shard
+	for i := 0; slices.Contains(keys, ""); i++ {
+		k := fmt.Sprintf("k%d", i)
+		if sh := c.nodes[0].shardOf([]byte(k)); keys[sh] == "" {
+			keys[sh] = k
+		}
+	}
+	a := c.dial(1)
+	for _, k := range keys {
+		a.send("A h " + k + " 60000 0")
+		a.expect("A 1 h " + k)
+	}
+
+	c.stop(0)
+	for sh := range shards {
+		led := false
+		for _, n := range c.nodes[1:] {
+			led = led || n.grps[sh].leader.Load() == uint64(n.opt.NodeID)
+		}
+		if !led {
+			t.Errorf("shard %d: no leader among the nodes left when the stopped node's shutdown returned", sh)
+		}
+	}
+	// The locks are where they were, and the shards answer.
+	b := c.dial(2)
+	for _, k := range keys {
+		b.send("A x " + k + " 60000 0")
+		b.expect("T x " + k)
+		b.send("R 1 " + k)
+		b.expect("R 1 " + k)
+	}
+
+	// Back, it leads its shards again.
+	c.start(0)
+	deadline = time.Now().Add(15 * time.Second)
+	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leadership not given back: %v", c.leads())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.checkReplicasAgree()
 }

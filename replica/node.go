@@ -120,12 +120,13 @@ type Node struct {
 	grps []*group
 	srv  atomic.Pointer[netloop.Server]
 
-	mu        sync.Mutex
-	reach     map[string]bool // raft address -> last connection attempt worked
-	closing   atomic.Bool
-	closeOnce sync.Once
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	mu         sync.Mutex
+	reach      map[string]bool      // raft address -> last connection attempt worked
+	reachSince map[string]time.Time // raft address -> when its connection last came up
+	closing    atomic.Bool
+	closeOnce  sync.Once
+	stop       chan struct{}
+	wg         sync.WaitGroup
 
 	stats nodeStats
 }
@@ -164,7 +165,14 @@ type group struct {
 	timerRun   atomic.Bool  // a timer proposal is in flight
 	lastOK     atomic.Int64 // unix ns of the last proposal of ours that committed
 	transferAt time.Time    // the last leader transfer asked for (balanceLoop only)
+	// handedAt is when the shard's preferred node handed its leadership to
+	// this one (unix ns; 0: never). A node does that when it stops, so the
+	// shard goes back only once it has reconnected since, or after
+	// handBackAfter (leadership lost some other way, with the node up).
+	handedAt atomic.Int64
 }
+
+const handBackAfter = 10 * time.Second
 
 const maxInflight = 4 // proposals in flight per shard: fewer, fuller batches under load
 
@@ -181,8 +189,8 @@ func Start(opt Options) (*Node, error) {
 	}
 	n := &Node{
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
-		reach: make(map[string]bool),
-		stop:  make(chan struct{}),
+		reach: make(map[string]bool), reachSince: make(map[string]time.Time),
+		stop: make(chan struct{}),
 	}
 	for id := range opt.Peers {
 		n.ids = append(n.ids, id)
@@ -642,8 +650,10 @@ func (n *Node) balanceLoop() {
 			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID {
 				continue
 			}
+			addr := n.opt.Peers[want]
+			handed := g.handedAt.Load()
 			n.mu.Lock()
-			ok := n.reach[n.opt.Peers[want]]
+			ok := n.reach[addr] && (n.reachSince[addr].UnixNano() > handed || time.Since(time.Unix(0, handed)) > handBackAfter)
 			n.mu.Unlock()
 			// A transfer holds proposals back until it completes or an
 			// election timeout passes (a target still catching up): one
@@ -699,6 +709,10 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	g := n.grps[info.ShardID-1]
 	prev := g.leader.Swap(info.LeaderID)
 	g.term.Store(info.Term)
+	self := uint64(n.opt.NodeID)
+	if want := uint64(n.ids[g.idx%len(n.ids)]); prev == want && want != self && info.LeaderID == self {
+		g.handedAt.Store(time.Now().UnixNano())
+	}
 	if prev != info.LeaderID {
 		g.changeMu.Lock()
 		if g.changeCh != nil {
@@ -897,8 +911,77 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	n.handOver(ctx)
 	n.Close()
 	return nil
+}
+
+// handOver asks another node to lead each shard this one leads, and waits
+// until every shard has a new leader, the time is up, or ctx ends. A node
+// that stops then leaves its shards answering within a few raft ticks
+// instead of an election timeout after it has gone. What it cannot hand
+// over (no peer reachable, a transfer that does not complete) is left to an
+// election, as after a crash.
+func (n *Node) handOver(ctx context.Context) {
+	self := uint64(n.opt.NodeID)
+	election := n.opt.RTT * time.Duration(n.opt.ElectionRTT)
+	start := time.Now()
+	deadline := start.Add(3 * election)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	var asked time.Time
+	handed := 0
+	for {
+		// A transfer that has not completed within an election timeout
+		// has been dropped by raft: ask again.
+		retry := time.Since(asked) >= election
+		led, nowhere := 0, 0
+		for _, g := range n.grps {
+			if g.leader.Load() != self {
+				continue
+			}
+			led++
+			if to := n.successor(g); to == 0 {
+				nowhere++
+			} else if retry {
+				_ = n.nh.RequestLeaderTransfer(g.id, uint64(to))
+			}
+		}
+		if retry {
+			if asked.IsZero() {
+				handed = led
+			}
+			asked = time.Now()
+		}
+		if led == nowhere || time.Now().After(deadline) {
+			if handed > 0 {
+				n.log.Info("handed shard leadership over before stopping",
+					zap.Int("shards", handed-led), zap.Int("left_to_election", led),
+					zap.Duration("took", time.Since(start)))
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(n.opt.RTT / 2):
+		}
+	}
+}
+
+// successor is the node to hand g's leadership to: the shard's preferred
+// node, else the next one after it that is reachable; 0 if none is.
+func (n *Node) successor(g *group) uint32 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k := range len(n.ids) {
+		id := n.ids[(g.idx+k)%len(n.ids)]
+		if id != n.opt.NodeID && n.reach[n.opt.Peers[id]] {
+			return id
+		}
+	}
+	return 0
 }
 
 func (n *Node) idle() bool {
@@ -938,6 +1021,9 @@ func (n *Node) ConnectionEstablished(info raftio.ConnectionInfo) { n.setReach(in
 func (n *Node) ConnectionFailed(info raftio.ConnectionInfo)      { n.setReach(info.Address, false) }
 func (n *Node) setReach(addr string, ok bool) {
 	n.mu.Lock()
+	if ok && !n.reach[addr] {
+		n.reachSince[addr] = time.Now()
+	}
 	n.reach[addr] = ok
 	n.mu.Unlock()
 }
