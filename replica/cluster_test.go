@@ -433,14 +433,21 @@ func TestClusterCleanStopHandsLeadershipOver(t *testing.T) {
 	}
 
 	c.stop(0)
+	to := make([]int, shards)
 	for sh := range shards {
-		led := false
-		for _, n := range c.nodes[1:] {
-			led = led || n.grps[sh].leader.Load() == uint64(n.opt.NodeID)
+		to[sh] = -1
+		for i, n := range c.nodes {
+			if n != nil && n.grps[sh].leader.Load() == uint64(n.opt.NodeID) {
+				to[sh] = i
+			}
 		}
-		if !led {
+		if to[sh] < 0 {
 			t.Errorf("shard %d: no leader among the nodes left when the stopped node's shutdown returned", sh)
 		}
+	}
+	// Its shards (0 and 3) were spread over the other two.
+	if to[0] == to[3] {
+		t.Errorf("the stopped node's shards went to nodes %d and %d, want one each", to[0], to[3])
 	}
 	// The locks are where they were, and the shards answer.
 	b := c.dial(2)

@@ -971,13 +971,25 @@ func (n *Node) handOver(ctx context.Context) {
 }
 
 // successor is the node to hand g's leadership to: the shard's preferred
-// node, else the next one after it that is reachable; 0 if none is.
+// node if that is another one and reachable; else one of the others that
+// is, taken in turn over this node's shards so that they spread; 0 if none
+// is reachable.
 func (n *Node) successor(g *group) uint32 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for k := range len(n.ids) {
-		id := n.ids[(g.idx+k)%len(n.ids)]
-		if id != n.opt.NodeID && n.reach[n.opt.Peers[id]] {
+	nodes := len(n.ids)
+	if want := n.ids[g.idx%nodes]; want != n.opt.NodeID && n.reach[n.opt.Peers[want]] {
+		return want
+	}
+	others := make([]uint32, 0, nodes)
+	for _, id := range n.ids {
+		if id != n.opt.NodeID {
+			others = append(others, id)
+		}
+	}
+	for k := range others {
+		id := others[(g.idx/nodes+k)%len(others)]
+		if n.reach[n.opt.Peers[id]] {
 			return id
 		}
 	}
