@@ -445,9 +445,16 @@ func TestClusterCleanStopHandsLeadershipOver(t *testing.T) {
 			t.Errorf("shard %d: no leader among the nodes left when the stopped node's shutdown returned", sh)
 		}
 	}
-	// Its shards (0 and 3) were spread over the other two.
+	// Its shards (0 and 3) were spread over the other two, which know they
+	// were handed over (so they do not hand them back to a node on its way
+	// out).
 	if to[0] == to[3] {
 		t.Errorf("the stopped node's shards went to nodes %d and %d, want one each", to[0], to[3])
+	}
+	for _, sh := range []int{0, 3} {
+		if i := to[sh]; i > 0 && c.nodes[i].grps[sh].handedAt.Load() == 0 {
+			t.Errorf("shard %d: node %d does not know it was handed the shard", sh, i+1)
+		}
 	}
 	// The locks are where they were, and the shards answer.
 	b := c.dial(2)

@@ -169,7 +169,8 @@ type group struct {
 	// this one (unix ns; 0: never). A node does that when it stops, so the
 	// shard goes back only once it has reconnected since, or after
 	// handBackAfter (leadership lost some other way, with the node up).
-	handedAt atomic.Int64
+	handedAt   atomic.Int64
+	lastLeader atomic.Uint64 // the last leader known, never 0 once set (LeaderUpdated only)
 }
 
 const handBackAfter = 10 * time.Second
@@ -709,9 +710,14 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	g := n.grps[info.ShardID-1]
 	prev := g.leader.Swap(info.LeaderID)
 	g.term.Store(info.Term)
-	self := uint64(n.opt.NodeID)
-	if want := uint64(n.ids[g.idx%len(n.ids)]); prev == want && want != self && info.LeaderID == self {
-		g.handedAt.Store(time.Now().UnixNano())
+	// An election or transfer passes through "no leader": compare with the
+	// last leader known.
+	if info.LeaderID != 0 {
+		self := uint64(n.opt.NodeID)
+		last := g.lastLeader.Swap(info.LeaderID)
+		if want := uint64(n.ids[g.idx%len(n.ids)]); last == want && want != self && info.LeaderID == self {
+			g.handedAt.Store(time.Now().UnixNano())
+		}
 	}
 	if prev != info.LeaderID {
 		g.changeMu.Lock()
@@ -917,25 +923,30 @@ func (n *Node) Shutdown(ctx context.Context) error {
 }
 
 // handOver asks another node to lead each shard this one leads, and waits
-// until every shard has a new leader, the time is up, or ctx ends. A node
-// that stops then leaves its shards answering within a few raft ticks
-// instead of an election timeout after it has gone. What it cannot hand
+// until every shard has a new leader, two election timeouts have passed, or
+// ctx ends. A node that stops then leaves its shards answering within a few
+// raft ticks, or one election timeout under load (see below), instead of an
+// election timeout after it has gone plus the election. What it cannot hand
 // over (no peer reachable, a transfer that does not complete) is left to an
 // election, as after a crash.
 func (n *Node) handOver(ctx context.Context) {
 	self := uint64(n.opt.NodeID)
 	election := n.opt.RTT * time.Duration(n.opt.ElectionRTT)
 	start := time.Now()
-	deadline := start.Add(3 * election)
+	deadline := start.Add(2 * election)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
 	var asked time.Time
 	handed := 0
 	for {
-		// A transfer that has not completed within an election timeout
-		// has been dropped by raft: ask again.
-		retry := time.Since(asked) >= election
+		// Asked again every tick: raft ignores the request while a transfer
+		// is under way, and a transfer fails whenever the target still has
+		// committed entries to apply when told to campaign (Dragonboat skips
+		// the campaign then) until the leader gives it up an election
+		// timeout later. Asked at once after that, with proposals dropped
+		// meanwhile, the target has applied everything.
+		retry := time.Since(asked) >= n.opt.RTT
 		led, nowhere := 0, 0
 		for _, g := range n.grps {
 			if g.leader.Load() != self {
@@ -965,7 +976,7 @@ func (n *Node) handOver(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(n.opt.RTT / 2):
+		case <-time.After(n.opt.RTT / 4):
 		}
 	}
 }
