@@ -31,10 +31,15 @@ type ClusterReport struct {
 	// DiskUse is each node's data directory on disk after every run.
 	DiskUse  map[int]int64
 	Failover *Failover
+	// CleanStop is the same run with SIGTERM instead of kill -9, before
+	// it; the node is then started again for the kill.
+	CleanStop *Failover
 }
 
-// Failover is the kill -9 of one node under steady load.
+// Failover is the kill -9 (or, Clean, the SIGTERM) of one node under
+// steady load.
 type Failover struct {
+	Clean        bool
 	Killed       int   // node id
 	KilledShards []int // the shards it led at the kill
 	Conns, Depth int
@@ -174,11 +179,21 @@ func (s *suite) clusterTicketd(ctx context.Context, cr *ClusterReport) (err erro
 			return err
 		}
 	}
-	if p.FailoverDuration > 0 {
-		return s.failover(ctx, c, cr, terms0)
+	if p.FailoverDuration == 0 {
+		cr.LeaderChanges = elections(c) - terms0
+		return nil
 	}
-	cr.LeaderChanges = elections(c) - terms0
-	return nil
+	atStop := func() { cr.LeaderChanges = elections(c) - terms0 }
+	if cr.CleanStop, err = s.failover(ctx, c, true, atStop); err != nil {
+		return err
+	}
+	fmt.Fprintf(s.env.Log, "   starting node %d again\n", cr.CleanStop.Killed)
+	if err := c.Restart(cr.CleanStop.Killed, time.Minute); err != nil {
+		return err
+	}
+	settleLeaders(c, p.ClusterShards, time.Second, 15*time.Second)
+	cr.Failover, err = s.failover(ctx, c, false, nil)
+	return err
 }
 
 // elections counts the distinct (shard, term) with a leader in the logs.
@@ -214,21 +229,27 @@ func settleLeaders(c *serverproc.Cluster, shards int, quiet, limit time.Duration
 	}
 }
 
-// failover kills, under steady load spread over every node, the node that
-// leads the most shards, and measures how long its shards went unanswered.
-func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *ClusterReport, terms0 int) error {
+// failover kills (clean: stops with SIGTERM), under steady load spread over
+// every node, the node that leads the most shards, and measures how long
+// its shards went unanswered. atStop, if any, runs just before the signal.
+func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool, atStop func()) (*Failover, error) {
 	p := s.plan
+	how := "kill -9"
+	if clean {
+		how = "SIGTERM"
+	}
 	tr := NewTrace(p.ClusterShards, time.Millisecond)
-	l := s.clusterLoad(p.FailoverDepth, fmt.Sprintf("cluster section: failover, kill -9 of a node after %s", p.FailoverKillAfter))
+	l := s.clusterLoad(p.FailoverDepth, fmt.Sprintf("cluster section: failover, %s of a node after %s", how, p.FailoverKillAfter))
 	l.Addrs, l.Reconnect, l.Trace = c.Addrs(), true, tr
 	l.Duration, l.KeyPrefix, l.Progress = p.FailoverDuration, "f", s.env.Log
-	f := &Failover{Conns: l.Conns, Depth: l.Depth, KillAfter: p.FailoverKillAfter}
-	cr.Failover = f
+	f := &Failover{Clean: clean, Conns: l.Conns, Depth: l.Depth, KillAfter: p.FailoverKillAfter}
 	var killedAt time.Time
 	killed := make(chan struct{})
 	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
 		defer close(killed)
-		cr.LeaderChanges = elections(c) - terms0
+		if atStop != nil {
+			atStop()
+		}
 		leaders := c.Leaders()
 		per := map[int]int{}
 		for _, n := range leaders {
@@ -248,10 +269,14 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *Cluster
 		slices.Sort(f.KilledShards)
 		f.LeadersPerNode = per
 		nd := c.Node(f.Killed)
-		fmt.Fprintf(s.env.Log, "   kill -9 node %d (pid %d), leader of shards %v\n", nd.ID, nd.Proc.Pid(), f.KilledShards)
+		fmt.Fprintf(s.env.Log, "   %s node %d (pid %d), leader of shards %v\n", how, nd.ID, nd.Proc.Pid(), f.KilledShards)
 		tr.Mark()
 		killedAt = time.Now()
-		nd.Proc.Kill()
+		if !clean {
+			nd.Proc.Kill()
+		} else if err := nd.Proc.Stop(30 * time.Second); err != nil {
+			fmt.Fprintf(s.env.Log, "   node %d: %v\n", nd.ID, err)
+		}
 	})
 	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
 	res, err := Run(ctx, l)
@@ -261,7 +286,7 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *Cluster
 		err = errors.New("the run ended before the kill")
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	f.PairsPerSec = res.PairsPerSec()
 	f.Reconnects, f.Unavailable, f.Lost, f.Outage = res.Reconnects, res.Unavailable, res.Lost, res.Outage
@@ -304,11 +329,11 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, cr *Cluster
 			f.ElectedIn[lc.Shard] = ts.Sub(killedAt)
 		}
 	}
-	fmt.Fprintf(s.env.Log, "   failover: shards %v quiet up to %s, a request on them waited up to %s (before the kill: quiet up to %s); "+
+	fmt.Fprintf(s.env.Log, "   failover (%s): shards %v quiet up to %s, a request on them waited up to %s (before: quiet up to %s); "+
 		"other shards quiet up to %s; %d reconnects, %d E unavailable, %d requests lost with their connections, longest client outage %s\n",
-		f.KilledShards, fmtDur(f.Quiet), fmtDur(f.MaxLatency), fmtDur(f.Baseline), fmtDur(f.OtherQuiet),
+		how, f.KilledShards, fmtDur(f.Quiet), fmtDur(f.MaxLatency), fmtDur(f.Baseline), fmtDur(f.OtherQuiet),
 		f.Reconnects, f.Unavailable, f.Lost, fmtDur(f.Outage))
-	return nil
+	return f, nil
 }
 
 // logTime reads a zap JSON "ts": ISO 8601 text, or epoch seconds.

@@ -142,6 +142,15 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 	if len(c.DiskUse) > 0 {
 		w("\nData directories on disk after the runs (Dragonboat's log and snapshots): %s.\n", fmtPerNode(c.DiskUse, fmtBytes))
 	}
+	if f := c.CleanStop; f != nil && len(f.Shards) > 0 {
+		w("\n### Clean stop: SIGTERM of node %d under load\n\n", f.Killed)
+		w("The load of the failover run below; %s into the measured window the node leading the most shards "+
+			"(node %d: shards %v) was sent SIGTERM. It answers its queued acquires T, closes its client connections "+
+			"(its clients dial the next node), hands the leadership of its shards to the other nodes and exits. "+
+			"Measured as below; it was then started again, and the kill -9 run had all %d nodes.\n\n",
+			fmtDur(f.KillAfter), f.Killed, f.KilledShards, p.ClusterNodes)
+		mdStopTable(w, f, "stop")
+	}
 	f := c.Failover
 	if f == nil || len(f.Shards) == 0 {
 		return
@@ -154,32 +163,42 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 		"the longest any request of a shard waited for its answer after the kill. The load is closed loop, so "+
 		"the other shards dip too: one by one a connection's slots end up waiting on a killed shard.\n\n",
 		f.Conns, f.Depth, p.ClusterNodes, fmtDur(f.KillAfter), f.Killed, f.KilledShards)
+	mdStopTable(w, f, "kill")
+	if failoverChart != "" {
+		w("\n![answers per second around the kill](%s)\n", failoverChart)
+	}
+}
+
+// mdStopTable writes the figures of a failover run; event names what was
+// done to the node ("kill", "stop").
+func mdStopTable(w func(string, ...any), f *Failover, event string) {
+	node := "killed"
+	if f.Clean {
+		node = "stopped"
+	}
 	w("| measured | figure |\n|---|---:|\n")
-	w("| **failover gap** on the killed node's shards (the longer of the next two) | **%s** |\n", fmtDur(f.Gap))
+	w("| **failover gap** on the %s node's shards (the longer of the next two) | **%s** |\n", node, fmtDur(f.Gap))
 	w("| no answer on one of its shards, longest | %s |\n", fmtDur(f.Quiet))
 	w("| longest wait of a request on its shards | %s |\n", fmtDur(f.MaxLatency))
 	w("| no answer on one of the other shards, longest | %s |\n", fmtDur(f.OtherQuiet))
 	w("| longest wait of a request on the other shards | %s |\n", fmtDur(f.OtherMaxLatency))
-	w("| no answer on any shard before the kill, longest (noise floor) | %s |\n", fmtDur(f.Baseline))
+	w("| no answer on any shard before the %s, longest (noise floor) | %s |\n", event, fmtDur(f.Baseline))
 	if len(f.ElectedIn) > 0 {
 		var ds []time.Duration
 		for _, d := range f.ElectedIn {
 			ds = append(ds, d)
 		}
-		w("| new leader logged by a surviving node after the kill, per shard | %s to %s |\n", fmtDur(slices.Min(ds)), fmtDur(slices.Max(ds)))
+		w("| new leader logged by a surviving node after the %s, per shard | %s to %s |\n", event, fmtDur(slices.Min(ds)), fmtDur(slices.Max(ds)))
 	}
 	w("| client connections dialled again / of them after E unavailable | %d / %d |\n", f.Reconnects, f.Unavailable)
-	w("| requests lost with the killed node's connections | %s |\n", commas(f.Lost))
+	w("| requests lost with the %s node's connections | %s |\n", node, commas(f.Lost))
 	w("| longest a reconnecting client went between answers | %s |\n", fmtDur(f.Outage))
-	w("| lock pairs/s over the whole window, kill included | %s |\n", human(f.PairsPerSec))
+	w("| lock pairs/s over the whole window, %s included | %s |\n", event, human(f.PairsPerSec))
 	if len(f.Unrecovered) > 0 {
 		w("| shards still without answers when the window ended | %v |\n", f.Unrecovered)
 	}
 	if len(f.NewLeaders) > 0 {
-		w("\nNew leaders of the killed node's shards: %s.\n", fmtShardNode(f.NewLeaders))
-	}
-	if failoverChart != "" {
-		w("\n![answers per second around the kill](%s)\n", failoverChart)
+		w("\nNew leaders of the %s node's shards: %s.\n", node, fmtShardNode(f.NewLeaders))
 	}
 }
 

@@ -25,6 +25,8 @@ type ClusterNode struct {
 	Raft    string // its entry in --peers
 	DataDir string
 	Proc    *Proc
+	bin     string
+	args    []string
 }
 
 // Cluster is ticketd nodes in cluster mode on loopback, each with its own
@@ -92,18 +94,9 @@ func startCluster(bin string, n int, timeout time.Duration, flags []string) (*Cl
 	}
 	for i := range n {
 		nd := &ClusterNode{ID: i + 1, Raft: fmt.Sprintf("127.0.0.1:%d", ports[i]),
-			DataDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
-		cmd := exec.Command(bin, ClusterArgs(nd.ID, strings.Join(peers, ","), nd.DataDir, flags...)...)
-		// A parent killed outright must not leave its servers behind.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		nd.Proc, err = Start(cmd, func(line []byte) (string, bool) {
-			if a, ok := logAddr(line, "admin listening"); ok {
-				nd.Admin = a
-				return "", false
-			}
-			return ListeningAddr(line)
-		})
-		if err != nil {
+			DataDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1)), bin: bin}
+		nd.args = ClusterArgs(nd.ID, strings.Join(peers, ","), nd.DataDir, flags...)
+		if err := nd.start(); err != nil {
 			c.Stop(time.Second)
 			return nil, fmt.Errorf("node %d: %w", nd.ID, err)
 		}
@@ -122,6 +115,42 @@ func startCluster(bin string, n int, timeout time.Duration, flags []string) (*Cl
 		return nil, err
 	}
 	return c, nil
+}
+
+func (nd *ClusterNode) start() error {
+	cmd := exec.Command(nd.bin, nd.args...)
+	// A parent killed outright must not leave its servers behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var err error
+	nd.Proc, err = Start(cmd, func(line []byte) (string, bool) {
+		if a, ok := logAddr(line, "admin listening"); ok {
+			nd.Admin = a
+			return "", false
+		}
+		return ListeningAddr(line)
+	})
+	return err
+}
+
+// Restart starts node id again, on its data dir, once its process has
+// exited, and returns when it listens and every node knows a leader for
+// every shard.
+func (c *Cluster) Restart(id int, timeout time.Duration) error {
+	nd := c.Node(id)
+	if nd == nil {
+		return fmt.Errorf("no node %d", id)
+	}
+	if !nd.Proc.Exited() {
+		return fmt.Errorf("node %d is still running", id)
+	}
+	if err := nd.start(); err != nil {
+		return fmt.Errorf("node %d: %w", id, err)
+	}
+	if err := nd.Proc.WaitReady(timeout); err != nil {
+		return fmt.Errorf("node %d: %w", id, err)
+	}
+	nd.Addr = nd.Proc.Addr
+	return c.WaitReady(timeout)
 }
 
 // logAddr reads addr from a JSON log line whose msg is msg.
