@@ -476,3 +476,69 @@ func TestClusterCleanStopHandsLeadershipOver(t *testing.T) {
 	}
 	c.checkReplicasAgree()
 }
+
+// A node that stops carries out and answers every request it has read, even
+// those still committing, before it closes the connection; a request it
+// reads after that is neither carried out nor answered.
+func TestClusterStopAnswersWhatItTook(t *testing.T) {
+	c := newTestCluster(t, 4)
+	n0 := c.nodes[0]
+	const count = 64
+	var keys []string // on shards another node leads: each commit takes a round trip
+	for i := 0; len(keys) < count; i++ {
+		k := fmt.Sprintf("s%d", i)
+		if n0.grps[n0.shardOf([]byte(k))].leader.Load() != uint64(n0.opt.NodeID) {
+			keys = append(keys, k)
+		}
+	}
+	a := c.dial(0)
+	var req []byte
+	for _, k := range keys {
+		req = fmt.Appendf(req, "A o %s 60000 0\n", k)
+	}
+	if _, err := a.c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for c.srvs[0].Stats().Acquires < count {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node read %d of %d acquires", c.srvs[0].Stats().Acquires, count)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	n0.Quiesce()
+	a.send("A o late 60000 0")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = c.srvs[0].Stop(ctx)
+	_ = n0.Shutdown(ctx)
+	c.nodes[0], c.srvs[0] = nil, nil
+
+	_ = a.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	seen := map[string]bool{}
+	for {
+		line, err := a.r.ReadString('\n')
+		if err != nil {
+			break
+		}
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != "A" || f[2] != "o" {
+			t.Fatalf("answer %q, want a grant to o", line)
+		}
+		seen[f[3]] = true
+	}
+	for _, k := range keys {
+		if !seen[k] {
+			t.Errorf("no answer to the acquire of %s before the connection closed", k)
+		}
+	}
+	if seen["late"] {
+		t.Error("the acquire sent after the node began to stop was answered")
+	}
+	b := c.dial(1)
+	b.send("A x late 60000 0")
+	line, err := b.r.ReadString('\n')
+	if f := strings.Fields(line); err != nil || len(f) != 4 || f[0] != "A" || f[2] != "x" {
+		t.Fatalf("late was taken by the request read after the stop began: %q %v", line, err)
+	}
+}

@@ -289,7 +289,10 @@ func (n *Node) Attach(srv *netloop.Server) {
 // answers come from the replicated log.
 func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	if n.closing.Load() {
-		return out, 0, true
+		// Stopping: not carried out, not answered. The connection stays
+		// open for the answers to what it sent before, and closes with
+		// the network side.
+		return out, 0, false
 	}
 	local := c.ID()
 	from := shard.Requester{Node: n.opt.NodeID, Conn: requesterConn(n.inc, local)}
@@ -862,12 +865,17 @@ func (n *Node) Stats() shard.Stats {
 	return s
 }
 
-// Quiesce stops taking requests and ends this node's queued acquires
-// through the log: they are answered T (within one proposal timeout) before
-// the network side closes their connections. Locks stay held in the cluster.
+// Quiesce stops taking requests, waits (up to the unavailable timeout) until
+// those already taken have committed, so that their answers go out before
+// the network side closes, and ends this node's queued acquires through the
+// log: they are answered T (within one proposal timeout). Locks stay held
+// in the cluster.
 func (n *Node) Quiesce() {
 	if n.closing.Swap(true) {
 		return
+	}
+	for until := time.Now().Add(n.opt.UnavailableTimeout); !n.idle() && time.Now().Before(until); {
+		time.Sleep(time.Millisecond)
 	}
 	var wg sync.WaitGroup
 	for _, g := range n.grps {
