@@ -945,8 +945,16 @@ func (n *Node) handOver(ctx context.Context) {
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
+	var mine []*group
+	for _, g := range n.grps {
+		if g.leader.Load() == self {
+			mine = append(mine, g)
+		}
+	}
+	if len(mine) == 0 {
+		return
+	}
 	var asked time.Time
-	handed := 0
 	for {
 		// Asked again every tick: raft ignores the request while a transfer
 		// is under way, and a transfer fails whenever the target still has
@@ -956,29 +964,27 @@ func (n *Node) handOver(ctx context.Context) {
 		// meanwhile, the target has applied everything.
 		retry := time.Since(asked) >= n.opt.RTT
 		led, nowhere := 0, 0
-		for _, g := range n.grps {
-			if g.leader.Load() != self {
+		for _, g := range mine {
+			// Handed over once another leader is known: between, the
+			// target is still collecting votes (this node's among them).
+			l := g.leader.Load()
+			if l != self && l != 0 {
 				continue
 			}
 			led++
 			if to := n.successor(g); to == 0 {
 				nowhere++
-			} else if retry {
+			} else if retry && l == self {
 				_ = n.nh.RequestLeaderTransfer(g.id, uint64(to))
 			}
 		}
 		if retry {
-			if asked.IsZero() {
-				handed = led
-			}
 			asked = time.Now()
 		}
 		if led == nowhere || time.Now().After(deadline) {
-			if handed > 0 {
-				n.log.Info("handed shard leadership over before stopping",
-					zap.Int("shards", handed-led), zap.Int("left_to_election", led),
-					zap.Duration("took", time.Since(start)))
-			}
+			n.log.Info("handed shard leadership over before stopping",
+				zap.Int("shards", len(mine)-led), zap.Int("left_to_election", led),
+				zap.Duration("took", time.Since(start)))
 			return
 		}
 		select {
