@@ -650,7 +650,7 @@ func (n *Node) balanceLoop() {
 	// once it is spread.
 	n.every(500*time.Millisecond, func() {
 		for _, g := range n.grps {
-			want := n.ids[g.idx%len(n.ids)]
+			want := n.preferred(g)
 			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID {
 				continue
 			}
@@ -718,7 +718,7 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	if info.LeaderID != 0 {
 		self := uint64(n.opt.NodeID)
 		last := g.lastLeader.Swap(info.LeaderID)
-		if want := uint64(n.ids[g.idx%len(n.ids)]); last == want && want != self && info.LeaderID == self {
+		if want := uint64(n.preferred(g)); last == want && want != self && info.LeaderID == self {
 			g.handedAt.Store(time.Now().UnixNano())
 		}
 	}
@@ -874,9 +874,9 @@ func (n *Node) Quiesce() {
 	if n.closing.Swap(true) {
 		return
 	}
-	for until := time.Now().Add(n.opt.UnavailableTimeout); !n.idle() && time.Now().Before(until); {
-		time.Sleep(time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.opt.UnavailableTimeout)
+	n.waitIdle(ctx)
+	cancel()
 	var wg sync.WaitGroup
 	for _, g := range n.grps {
 		f := g.fsm.Load()
@@ -916,14 +916,10 @@ func (n *Node) Quiesce() {
 // NodeHost. Call it after the network side has closed its connections.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.closing.Store(true)
-	for !n.idle() {
-		select {
-		case <-ctx.Done():
-			n.log.Warn("stopping with proposals in flight", zap.Error(ctx.Err()))
-			n.Close()
-			return nil
-		case <-time.After(5 * time.Millisecond):
-		}
+	if !n.waitIdle(ctx) {
+		n.log.Warn("stopping with proposals in flight", zap.Error(ctx.Err()))
+		n.Close()
+		return nil
 	}
 	n.handOver(ctx)
 	n.Close()
@@ -995,6 +991,10 @@ func (n *Node) handOver(ctx context.Context) {
 	}
 }
 
+// preferred is the node that g's leadership belongs on: shard i on the
+// i-th node mod their count, so that it is spread.
+func (n *Node) preferred(g *group) uint32 { return n.ids[g.idx%len(n.ids)] }
+
 // successor is the node to hand g's leadership to: the shard's preferred
 // node if that is another one and reachable; else one of the others that
 // is, taken in turn over this node's shards so that they spread; 0 if none
@@ -1003,7 +1003,7 @@ func (n *Node) successor(g *group) uint32 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	nodes := len(n.ids)
-	if want := n.ids[g.idx%nodes]; want != n.opt.NodeID && n.reach[n.opt.Peers[want]] {
+	if want := n.preferred(g); want != n.opt.NodeID && n.reach[n.opt.Peers[want]] {
 		return want
 	}
 	others := make([]uint32, 0, nodes)
@@ -1019,6 +1019,19 @@ func (n *Node) successor(g *group) uint32 {
 		}
 	}
 	return 0
+}
+
+// waitIdle waits until nothing is queued or in flight (idle), or until ctx
+// ends; false in the second case.
+func (n *Node) waitIdle(ctx context.Context) bool {
+	for !n.idle() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return true
 }
 
 func (n *Node) idle() bool {
