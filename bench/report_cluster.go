@@ -149,7 +149,7 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 			"(its clients dial the next node), hands the leadership of its shards to the other nodes and exits. "+
 			"Measured as below; it was then started again, and the kill -9 run had all %d nodes.\n\n",
 			fmtDur(f.KillAfter), f.Killed, f.KilledShards, p.ClusterNodes)
-		mdStopTable(w, f, "stop")
+		mdStopTable(w, f)
 	}
 	f := c.Failover
 	if f == nil || len(f.Shards) == 0 {
@@ -163,18 +163,17 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 		"the longest any request of a shard waited for its answer after the kill. The load is closed loop, so "+
 		"the other shards dip too: one by one a connection's slots end up waiting on a killed shard.\n\n",
 		f.Conns, f.Depth, p.ClusterNodes, fmtDur(f.KillAfter), f.Killed, f.KilledShards)
-	mdStopTable(w, f, "kill")
+	mdStopTable(w, f)
 	if failoverChart != "" {
 		w("\n![answers per second around the kill](%s)\n", failoverChart)
 	}
 }
 
-// mdStopTable writes the figures of a failover run; event names what was
-// done to the node ("kill", "stop").
-func mdStopTable(w func(string, ...any), f *Failover, event string) {
-	node := "killed"
+// mdStopTable writes the figures of a failover run, kill -9 or clean stop.
+func mdStopTable(w func(string, ...any), f *Failover) {
+	node, event := "killed", "kill"
 	if f.Clean {
-		node = "stopped"
+		node, event = "stopped", "stop"
 	}
 	w("| measured | figure |\n|---|---:|\n")
 	w("| **failover gap** on the %s node's shards (the longer of the next two) | **%s** |\n", node, fmtDur(f.Gap))
