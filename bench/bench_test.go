@@ -439,3 +439,42 @@ func TestLoadCommand(t *testing.T) {
 		t.Errorf("unknown subcommand: exit %d, want 2", code)
 	}
 }
+
+// parseExpected must read exactly what the general path reads, the same way,
+// and leave everything else to it.
+func TestTicketdWireFastPathAgrees(t *testing.T) {
+	fresh := func() *conn {
+		c := &conn{ownerPrefix: []byte("c7."), slots: make([]slot, 12), releases: newReleaseTable(12)}
+		c.slots[1] = slot{index: 1, state: slotAcquiring, owner: []byte("c7.1.4"), key: []byte("key")}
+		c.slots[11] = slot{index: 11, state: slotAcquiring, owner: []byte("c7.11.2"), key: []byte("k")}
+		c.slots[2] = slot{index: 2, state: slotReleasing, token: 12, key: []byte("key")}
+		c.slots[3] = slot{index: 3, state: slotReleasing, token: 12, key: []byte("other")}
+		ticketdWire{}.appendRelease(nil, c, &c.slots[2])
+		ticketdWire{}.appendRelease(nil, c, &c.slots[3])
+		return c
+	}
+	lines := []string{
+		"A 9 c7.1.4 key\n", "A 9 c7.11.2 k\n", "A 9 c7.1.4 key\r\n", "A 9 c7.1.4 key", "A 9 c7.1.4 ke", "A 9 c7.1.4",
+		"A 09 c7.1.4 key\n", "A 0 c7.1.4 key\n", "A 12345678901234567890 c7.1.4 key\n", "A 1234567890123456789 c7.1.4 key\n",
+		"A 9 c7.1.4 key x\n", "A 9 c7.1.4 keyy\n", "A 9 c7.1.44 key\n", "A 9 c7.1.4  key\n", "A 9 c7.2.4 key\n",
+		"A 9 c7.99999999999999999999.4 key\n", "A 9 c7..4 key\n", "A 9 c8.1.4 key\n", "A  9 c7.1.4 key\n",
+		"R 12 key\n", "N 12 other\n", "R 12 key\r\n", "R 12 ke\n", "R 12 key x\n", "R 12 key", "R 13 key\n", "R 012 key\n",
+		"T c7.1.4 key\n", "B c7.1.4 key\n", "E unavailable x\n", "A\n", "\n", "",
+	}
+	for _, line := range lines {
+		n1, si1, out1, tok1, err1 := ticketdWire{}.parse([]byte(line), fresh())
+		n2, si2, out2, tok2, err2 := parseAnswer([]byte(line), fresh())
+		if n1 != n2 || si1 != si2 || out1 != out2 || tok1 != tok2 || (err1 == nil) != (err2 == nil) {
+			t.Errorf("%q: parse gives %d %d %d %d %v, the general path %d %d %d %d %v",
+				line, n1, si1, out1, tok1, err1, n2, si2, out2, tok2, err2)
+		}
+		if n, _, _, _ := parseExpected([]byte(line), fresh()); n > 0 && n != n2 {
+			t.Errorf("%q: fast path read %d bytes, the general path %d", line, n, n2)
+		}
+	}
+	for _, line := range []string{"A 9 c7.1.4 key\n", "A 9 c7.11.2 k\n", "R 12 key\n", "N 12 other\n"} {
+		if n, _, _, _ := parseExpected([]byte(line), fresh()); n != len(line) {
+			t.Errorf("%q: fast path read %d bytes, want all %d", line, n, len(line))
+		}
+	}
+}
