@@ -41,7 +41,7 @@ type Options struct {
 	ElectionRTT        uint64        // ticks; default 30
 	MaxClockSkew       time.Duration // default 500ms
 	UnavailableTimeout time.Duration // default 5s
-	ProposeTimeout     time.Duration // one attempt; default 1s
+	ProposeTimeout     time.Duration // one attempt; default two election timeouts
 	SnapshotEntries    uint64        // log entries between snapshots; default 20000
 
 	// Optional observers: seconds from proposing a batch to its commit
@@ -84,7 +84,14 @@ func (o *Options) validate() error {
 		o.UnavailableTimeout = 5 * time.Second
 	}
 	if o.ProposeTimeout <= 0 {
-		o.ProposeTimeout = time.Second
+		// A leader that starts a transfer drops proposals until the new
+		// leader is elected or an election timeout has passed (a target
+		// still applying entries does not campaign). Those forwarded to it
+		// from other nodes are lost without a word and wait out their
+		// attempt: two election timeouts retry them soon after the drop
+		// ends, yet far above a commit under load (a retry of a batch that
+		// did commit is refused by its id).
+		o.ProposeTimeout = 2 * o.RTT * time.Duration(o.ElectionRTT)
 	}
 	if o.SnapshotEntries == 0 {
 		o.SnapshotEntries = 20000
