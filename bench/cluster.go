@@ -34,6 +34,26 @@ type ClusterReport struct {
 	// CleanStop is the same run with SIGTERM instead of kill -9, before
 	// it; the node is then started again for the kill.
 	CleanStop *Failover
+	// Rejoin is that start, under load: the second half of a rolling
+	// restart.
+	Rejoin *Rejoin
+}
+
+// Rejoin is a node started again under steady load on the other nodes,
+// which give it back the leadership of the shards it prefers.
+type Rejoin struct {
+	Node         int
+	Conns, Depth int
+	StartAfter   time.Duration // into the measured window
+	Ready        time.Duration // from the start to the node serving
+	PairsPerSec  float64       // over the whole window, the start included
+	// Over every shard after the start: the longest stretch without an
+	// answer and the longest a request waited; the longest quiet stretch
+	// before it (the noise floor).
+	Quiet, MaxLatency, Baseline time.Duration
+	// HandedBack: when a node first logged the rejoined node as leader of
+	// each shard it took back, after the start.
+	HandedBack map[int]time.Duration
 }
 
 // Failover is the kill -9 (or, Clean, the SIGTERM) of one node under
@@ -187,11 +207,10 @@ func (s *suite) clusterTicketd(ctx context.Context, cr *ClusterReport) (err erro
 	if cr.CleanStop, err = s.failover(ctx, c, true, atStop); err != nil {
 		return err
 	}
-	fmt.Fprintf(s.env.Log, "   starting node %d again\n", cr.CleanStop.Killed)
-	if err := c.Restart(cr.CleanStop.Killed, time.Minute); err != nil {
+	if cr.Rejoin, err = s.rejoin(ctx, c, cr.CleanStop.Killed); err != nil {
 		return err
 	}
-	settleLeaders(c, p.ClusterShards, time.Second, 15*time.Second)
+	settleLeaders(c, p.ClusterShards, time.Second, 30*time.Second)
 	cr.Failover, err = s.failover(ctx, c, false, nil)
 	return err
 }
@@ -212,18 +231,28 @@ func elections(c *serverproc.Cluster) int {
 	return len(seen)
 }
 
-// settleLeaders waits until the logs name a leader for every shard and no
-// leader changed for quiet (leaders are moved to spread them after the
-// start), at most for limit.
+// settleLeaders waits until the logs name a leader for every shard, no node
+// leads more than its share (leaders are moved to spread them after a
+// start, a few seconds apart when a move fails) and no leader changed for
+// quiet; at most for limit.
 func settleLeaders(c *serverproc.Cluster, shards int, quiet, limit time.Duration) {
 	deadline := time.Now().Add(limit)
+	share := (shards + len(c.Nodes) - 1) / len(c.Nodes)
 	last, since := -1, time.Now()
 	for time.Now().Before(deadline) {
 		n := len(c.LeaderChanges())
 		if n != last {
 			last, since = n, time.Now()
-		} else if len(c.Leaders()) >= shards && time.Since(since) >= quiet {
-			return
+		} else if leaders := c.Leaders(); len(leaders) >= shards && time.Since(since) >= quiet {
+			per := map[int]int{}
+			most := 0
+			for _, nd := range leaders {
+				per[nd]++
+				most = max(most, per[nd])
+			}
+			if most <= share {
+				return
+			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -334,6 +363,64 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 		how, f.KilledShards, fmtDur(f.Quiet), fmtDur(f.MaxLatency), fmtDur(f.Baseline), fmtDur(f.OtherQuiet),
 		f.Reconnects, f.Unavailable, f.Lost, fmtDur(f.Outage))
 	return f, nil
+}
+
+// rejoin starts the stopped node again under the failover run's load on
+// the other nodes and measures the answers on every shard while it comes
+// back and takes over the shards it prefers.
+func (s *suite) rejoin(ctx context.Context, c *serverproc.Cluster, node int) (*Rejoin, error) {
+	p := s.plan
+	tr := NewTrace(p.ClusterShards, time.Millisecond)
+	l := s.clusterLoad(p.FailoverDepth, fmt.Sprintf("cluster section: node %d started again under load after %s", node, p.FailoverKillAfter))
+	l.Addrs, l.Reconnect, l.Trace = c.Addrs(), true, tr
+	l.Duration, l.KeyPrefix, l.Progress = p.FailoverDuration, "j", s.env.Log
+	rj := &Rejoin{Node: node, Conns: l.Conns, Depth: l.Depth, StartAfter: p.FailoverKillAfter}
+	var startedAt time.Time
+	var startErr error
+	started := make(chan struct{})
+	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
+		defer close(started)
+		fmt.Fprintf(s.env.Log, "   starting node %d again\n", node)
+		tr.Mark()
+		startedAt = time.Now()
+		startErr = c.Restart(node, time.Minute)
+		rj.Ready = time.Since(startedAt)
+	})
+	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
+	res, err := Run(ctx, l)
+	if !timer.Stop() {
+		<-started
+	} else if err == nil {
+		err = errors.New("the run ended before the start")
+	}
+	if err == nil {
+		err = startErr
+	}
+	if err != nil {
+		return nil, err
+	}
+	rj.PairsPerSec = res.PairsPerSec()
+	for _, g := range tr.Gaps() {
+		rj.Quiet, rj.MaxLatency = max(rj.Quiet, g.Quiet), max(rj.MaxLatency, g.MaxLatency)
+		rj.Baseline = max(rj.Baseline, g.Baseline)
+	}
+	rj.HandedBack = map[int]time.Duration{}
+	for _, lc := range c.LeaderChanges() {
+		if lc.Leader != node {
+			continue
+		}
+		ts, ok := logTime(lc.TS)
+		if !ok || ts.Before(startedAt) {
+			continue
+		}
+		if d, seen := rj.HandedBack[lc.Shard]; !seen || ts.Sub(startedAt) < d {
+			rj.HandedBack[lc.Shard] = ts.Sub(startedAt)
+		}
+	}
+	fmt.Fprintf(s.env.Log, "   rejoin: node %d serving after %s, took back %d shards; every shard quiet up to %s, "+
+		"a request waited up to %s (before: quiet up to %s)\n",
+		node, fmtDur(rj.Ready), len(rj.HandedBack), fmtDur(rj.Quiet), fmtDur(rj.MaxLatency), fmtDur(rj.Baseline))
+	return rj, nil
 }
 
 // logTime reads a zap JSON "ts": ISO 8601 text, or epoch seconds.

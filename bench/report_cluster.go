@@ -147,9 +147,30 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 		w("The load of the failover run below; %s into the measured window the node leading the most shards "+
 			"(node %d: shards %v) was sent SIGTERM. It answers its queued acquires T, closes its client connections "+
 			"(its clients dial the next node), hands the leadership of its shards to the other nodes and exits. "+
-			"Measured as below; it was then started again, and the kill -9 run had all %d nodes.\n\n",
+			"Measured as below; it was then started again (next), and the kill -9 run had all %d nodes.\n\n",
 			fmtDur(f.KillAfter), f.Killed, f.KilledShards, p.ClusterNodes)
 		mdStopTable(w, f)
+	}
+	if rj := c.Rejoin; rj != nil {
+		w("\n### Rejoin: node %d started again under load\n\n", rj.Node)
+		w("The same load on the other nodes; %s into the measured window node %d was started again on its data "+
+			"directory. It catches up on what it missed, and the leaders hand it back the shards it prefers. "+
+			"Every shard counts here: a request on any of them may wait on a hand-back.\n\n", fmtDur(rj.StartAfter), rj.Node)
+		w("| measured | figure |\n|---|---:|\n")
+		w("| **longest wait of a request** on any shard after the start | **%s** |\n", fmtDur(rj.MaxLatency))
+		w("| no answer on one of the shards, longest | %s |\n", fmtDur(rj.Quiet))
+		w("| no answer on any shard before the start, longest (noise floor) | %s |\n", fmtDur(rj.Baseline))
+		w("| from the start to the node serving clients | %s |\n", fmtDur(rj.Ready))
+		if len(rj.HandedBack) > 0 {
+			var ds []time.Duration
+			for _, d := range rj.HandedBack {
+				ds = append(ds, d)
+			}
+			w("| shards handed back to it / logged after the start | %d / %s to %s |\n", len(ds), fmtDur(slices.Min(ds)), fmtDur(slices.Max(ds)))
+		} else {
+			w("| shards handed back to it | 0 |\n")
+		}
+		w("| lock pairs/s over the whole window, start included | %s |\n", human(rj.PairsPerSec))
 	}
 	f := c.Failover
 	if f == nil || len(f.Shards) == 0 {
