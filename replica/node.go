@@ -130,10 +130,13 @@ type Node struct {
 	mu         sync.Mutex
 	reach      map[string]bool      // raft address -> last connection attempt worked
 	reachSince map[string]time.Time // raft address -> when its connection last came up
-	closing    atomic.Bool
-	closeOnce  sync.Once
-	stop       chan struct{}
-	wg         sync.WaitGroup
+	// reconnected: its connection came up again after failing (the node
+	// restarted, or was cut off), not for the first time.
+	reconnected map[string]bool
+	closing     atomic.Bool
+	closeOnce   sync.Once
+	stop        chan struct{}
+	wg          sync.WaitGroup
 
 	stats nodeStats
 }
@@ -182,6 +185,14 @@ type group struct {
 
 const handBackAfter = 10 * time.Second
 
+// handBackSettle is how long a node's raft connection must have been up
+// again before shards go back to it: a node that has just restarted (or
+// come back from a cut) is still applying what it missed, with its raft
+// steps behind (Dragonboat warns of queued ticks), and a transfer to it
+// fails or leaves the shards with a leader that cannot keep up. A first
+// connection (the cluster starting) has no backlog and does not wait.
+const handBackSettle = 3 * time.Second
+
 const maxInflight = 4 // proposals in flight per shard: fewer, fuller batches under load
 
 // Start opens the data dir and starts the NodeHost and every shard's replica
@@ -197,7 +208,7 @@ func Start(opt Options) (*Node, error) {
 	}
 	n := &Node{
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
-		reach: make(map[string]bool), reachSince: make(map[string]time.Time),
+		reach: make(map[string]bool), reachSince: make(map[string]time.Time), reconnected: make(map[string]bool),
 		stop: make(chan struct{}),
 	}
 	for id := range opt.Peers {
@@ -661,20 +672,29 @@ func (n *Node) balanceLoop() {
 			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID {
 				continue
 			}
-			addr := n.opt.Peers[want]
-			handed := g.handedAt.Load()
-			n.mu.Lock()
-			ok := n.reach[addr] && (n.reachSince[addr].UnixNano() > handed || time.Since(time.Unix(0, handed)) > handBackAfter)
-			n.mu.Unlock()
 			// A transfer holds proposals back until it completes or an
 			// election timeout passes (a target still catching up): one
 			// request per shard per 5s at most.
-			if ok && time.Since(g.transferAt) > 5*time.Second {
+			if n.mayHandBack(g, want, time.Now()) && time.Since(g.transferAt) > 5*time.Second {
 				g.transferAt = time.Now()
 				_ = n.nh.RequestLeaderTransfer(g.id, uint64(want))
 			}
 		}
 	})
+}
+
+// mayHandBack tells whether this node, leading g, may hand it to its
+// preferred node want at now: want's raft connection is up, for
+// handBackSettle if it came up again after failing, and want did not hand
+// g over on its way out since (unless handBackAfter has passed).
+func (n *Node) mayHandBack(g *group, want uint32, now time.Time) bool {
+	addr := n.opt.Peers[want]
+	handed := g.handedAt.Load()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	since := n.reachSince[addr]
+	return n.reach[addr] && (!n.reconnected[addr] || now.Sub(since) > handBackSettle) &&
+		(since.UnixNano() > handed || now.Sub(time.Unix(0, handed)) > handBackAfter)
 }
 
 // quorumLoop finds the local connections with queued acquires on a shard
@@ -1079,6 +1099,7 @@ func (n *Node) ConnectionFailed(info raftio.ConnectionInfo)      { n.setReach(in
 func (n *Node) setReach(addr string, ok bool) {
 	n.mu.Lock()
 	if ok && !n.reach[addr] {
+		n.reconnected[addr] = !n.reachSince[addr].IsZero()
 		n.reachSince[addr] = time.Now()
 	}
 	n.reach[addr] = ok
