@@ -52,7 +52,8 @@ type Rejoin struct {
 	// before it (the noise floor).
 	Quiet, MaxLatency, Baseline time.Duration
 	// HandedBack: when a node first logged the rejoined node as leader of
-	// each shard it took back, after the start.
+	// each shard it came to lead after the start (handed back, or won in
+	// an election).
 	HandedBack map[int]time.Duration
 }
 
@@ -417,7 +418,7 @@ func (s *suite) rejoin(ctx context.Context, c *serverproc.Cluster, node int) (*R
 			rj.HandedBack[lc.Shard] = ts.Sub(startedAt)
 		}
 	}
-	fmt.Fprintf(s.env.Log, "   rejoin: node %d serving after %s, took back %d shards; every shard quiet up to %s, "+
+	fmt.Fprintf(s.env.Log, "   rejoin: node %d serving after %s, then leading %d shards; every shard quiet up to %s, "+
 		"a request waited up to %s (before: quiet up to %s)\n",
 		node, fmtDur(rj.Ready), len(rj.HandedBack), fmtDur(rj.Quiet), fmtDur(rj.MaxLatency), fmtDur(rj.Baseline))
 	return rj, nil

@@ -166,9 +166,9 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 			for _, d := range rj.HandedBack {
 				ds = append(ds, d)
 			}
-			w("| shards handed back to it / logged after the start | %d / %s to %s |\n", len(ds), fmtDur(slices.Min(ds)), fmtDur(slices.Max(ds)))
+			w("| shards it came to lead (handed back, or by an election) / logged after the start | %d / %s to %s |\n", len(ds), fmtDur(slices.Min(ds)), fmtDur(slices.Max(ds)))
 		} else {
-			w("| shards handed back to it | 0 |\n")
+			w("| shards it came to lead | 0 |\n")
 		}
 		w("| lock pairs/s over the whole window, start included | %s |\n", human(rj.PairsPerSec))
 	}
