@@ -51,10 +51,10 @@ type Rejoin struct {
 	// answer and the longest a request waited; the longest quiet stretch
 	// before it (the noise floor).
 	Quiet, MaxLatency, Baseline time.Duration
-	// HandedBack: when a node first logged the rejoined node as leader of
+	// LeadingIn: when a node first logged the rejoined node as leader of
 	// each shard it came to lead after the start (handed back, or won in
 	// an election).
-	HandedBack map[int]time.Duration
+	LeadingIn map[int]time.Duration
 }
 
 // Failover is the kill -9 (or, Clean, the SIGTERM) of one node under
@@ -268,15 +268,9 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 	if clean {
 		how = "SIGTERM"
 	}
-	tr := NewTrace(p.ClusterShards, time.Millisecond)
-	l := s.clusterLoad(p.FailoverDepth, fmt.Sprintf("cluster section: failover, %s of a node after %s", how, p.FailoverKillAfter))
-	l.Addrs, l.Reconnect, l.Trace = c.Addrs(), true, tr
-	l.Duration, l.KeyPrefix, l.Progress = p.FailoverDuration, "f", s.env.Log
-	f := &Failover{Clean: clean, Conns: l.Conns, Depth: l.Depth, KillAfter: p.FailoverKillAfter}
-	var killedAt time.Time
-	killed := make(chan struct{})
-	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
-		defer close(killed)
+	f := &Failover{Clean: clean, KillAfter: p.FailoverKillAfter}
+	label := fmt.Sprintf("cluster section: failover, %s of a node after %s", how, p.FailoverKillAfter)
+	res, tr, killedAt, err := s.underLoad(ctx, c, label, "f", "kill", func(mark func()) {
 		if atStop != nil {
 			atStop()
 		}
@@ -300,24 +294,17 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 		f.LeadersPerNode = per
 		nd := c.Node(f.Killed)
 		fmt.Fprintf(s.env.Log, "   %s node %d (pid %d), leader of shards %v\n", how, nd.ID, nd.Proc.Pid(), f.KilledShards)
-		tr.Mark()
-		killedAt = time.Now()
+		mark()
 		if !clean {
 			nd.Proc.Kill()
 		} else if err := nd.Proc.Stop(30 * time.Second); err != nil {
 			fmt.Fprintf(s.env.Log, "   node %d: %v\n", nd.ID, err)
 		}
 	})
-	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
-	res, err := Run(ctx, l)
-	if !timer.Stop() {
-		<-killed
-	} else if err == nil {
-		err = errors.New("the run ended before the kill")
-	}
 	if err != nil {
 		return nil, err
 	}
+	f.Conns, f.Depth = res.Load.Conns, res.Load.Depth
 	f.PairsPerSec = res.PairsPerSec()
 	f.Reconnects, f.Unavailable, f.Lost, f.Outage = res.Reconnects, res.Unavailable, res.Lost, res.Outage
 	f.Shards = tr.Gaps()
@@ -345,20 +332,9 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 		f.Timeline.At = append(f.Timeline.At, at[i].Seconds())
 	}
 	f.Timeline.Killed, f.Timeline.Others = killedRate, otherRate
-	f.NewLeaders, f.ElectedIn = map[int]int{}, map[int]time.Duration{}
-	for _, lc := range c.LeaderChanges() {
-		if lc.Node == f.Killed || lc.Leader == 0 || lc.Leader == f.Killed || !slices.Contains(f.KilledShards, lc.Shard) {
-			continue
-		}
-		ts, ok := logTime(lc.TS)
-		if !ok || ts.Before(killedAt) {
-			continue
-		}
-		f.NewLeaders[lc.Shard] = lc.Leader
-		if d, seen := f.ElectedIn[lc.Shard]; !seen || ts.Sub(killedAt) < d {
-			f.ElectedIn[lc.Shard] = ts.Sub(killedAt)
-		}
-	}
+	f.NewLeaders, f.ElectedIn = leadersAfter(c, killedAt, func(lc serverproc.LeaderChange) bool {
+		return lc.Node != f.Killed && lc.Leader != 0 && lc.Leader != f.Killed && slices.Contains(f.KilledShards, lc.Shard)
+	})
 	fmt.Fprintf(s.env.Log, "   failover (%s): shards %v quiet up to %s, a request on them waited up to %s (before: quiet up to %s); "+
 		"other shards quiet up to %s; %d reconnects, %d E unavailable, %d requests lost with their connections, longest client outage %s\n",
 		how, f.KilledShards, fmtDur(f.Quiet), fmtDur(f.MaxLatency), fmtDur(f.Baseline), fmtDur(f.OtherQuiet),
@@ -371,57 +347,81 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 // back and takes over the shards it prefers.
 func (s *suite) rejoin(ctx context.Context, c *serverproc.Cluster, node int) (*Rejoin, error) {
 	p := s.plan
-	tr := NewTrace(p.ClusterShards, time.Millisecond)
-	l := s.clusterLoad(p.FailoverDepth, fmt.Sprintf("cluster section: node %d started again under load after %s", node, p.FailoverKillAfter))
-	l.Addrs, l.Reconnect, l.Trace = c.Addrs(), true, tr
-	l.Duration, l.KeyPrefix, l.Progress = p.FailoverDuration, "j", s.env.Log
-	rj := &Rejoin{Node: node, Conns: l.Conns, Depth: l.Depth, StartAfter: p.FailoverKillAfter}
-	var startedAt time.Time
+	rj := &Rejoin{Node: node, StartAfter: p.FailoverKillAfter}
 	var startErr error
-	started := make(chan struct{})
-	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
-		defer close(started)
+	label := fmt.Sprintf("cluster section: node %d started again under load after %s", node, p.FailoverKillAfter)
+	res, tr, startedAt, err := s.underLoad(ctx, c, label, "j", "start", func(mark func()) {
 		fmt.Fprintf(s.env.Log, "   starting node %d again\n", node)
-		tr.Mark()
-		startedAt = time.Now()
+		mark()
+		t0 := time.Now()
 		startErr = c.Restart(node, time.Minute)
-		rj.Ready = time.Since(startedAt)
+		rj.Ready = time.Since(t0)
 	})
-	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
-	res, err := Run(ctx, l)
-	if !timer.Stop() {
-		<-started
-	} else if err == nil {
-		err = errors.New("the run ended before the start")
-	}
 	if err == nil {
 		err = startErr
 	}
 	if err != nil {
 		return nil, err
 	}
+	rj.Conns, rj.Depth = res.Load.Conns, res.Load.Depth
 	rj.PairsPerSec = res.PairsPerSec()
 	for _, g := range tr.Gaps() {
 		rj.Quiet, rj.MaxLatency = max(rj.Quiet, g.Quiet), max(rj.MaxLatency, g.MaxLatency)
 		rj.Baseline = max(rj.Baseline, g.Baseline)
 	}
-	rj.HandedBack = map[int]time.Duration{}
+	_, rj.LeadingIn = leadersAfter(c, startedAt, func(lc serverproc.LeaderChange) bool { return lc.Leader == node })
+	fmt.Fprintf(s.env.Log, "   rejoin: node %d serving after %s, then leading %d shards; every shard quiet up to %s, "+
+		"a request waited up to %s (before: quiet up to %s)\n",
+		node, fmtDur(rj.Ready), len(rj.LeadingIn), fmtDur(rj.Quiet), fmtDur(rj.MaxLatency), fmtDur(rj.Baseline))
+	return rj, nil
+}
+
+// underLoad runs the failover load with a trace per shard over the live
+// nodes, and calls event FailoverKillAfter into its measured window; event
+// calls mark at its instant, which marks the trace and is returned as at.
+// It returns once both are over; what names the event in the error of a
+// run that ended before it.
+func (s *suite) underLoad(ctx context.Context, c *serverproc.Cluster, label, keyPrefix, what string,
+	event func(mark func())) (res *Result, tr *Trace, at time.Time, err error) {
+	p := s.plan
+	tr = NewTrace(p.ClusterShards, time.Millisecond)
+	l := s.clusterLoad(p.FailoverDepth, label)
+	l.Addrs, l.Reconnect, l.Trace = c.Addrs(), true, tr
+	l.Duration, l.KeyPrefix, l.Progress = p.FailoverDuration, keyPrefix, s.env.Log
+	done := make(chan struct{})
+	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
+		defer close(done)
+		event(func() { tr.Mark(); at = time.Now() })
+	})
+	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
+	res, err = Run(ctx, l)
+	if !timer.Stop() {
+		<-done
+	} else if err == nil {
+		err = errors.New("the run ended before the " + what)
+	}
+	return res, tr, at, err
+}
+
+// leadersAfter reads the leader lines logged from t0 on that keep accepts:
+// per shard, the leader of the last such line read, and how soon after t0
+// the first was logged.
+func leadersAfter(c *serverproc.Cluster, t0 time.Time, keep func(serverproc.LeaderChange) bool) (map[int]int, map[int]time.Duration) {
+	leader, after := map[int]int{}, map[int]time.Duration{}
 	for _, lc := range c.LeaderChanges() {
-		if lc.Leader != node {
+		if !keep(lc) {
 			continue
 		}
 		ts, ok := logTime(lc.TS)
-		if !ok || ts.Before(startedAt) {
+		if !ok || ts.Before(t0) {
 			continue
 		}
-		if d, seen := rj.HandedBack[lc.Shard]; !seen || ts.Sub(startedAt) < d {
-			rj.HandedBack[lc.Shard] = ts.Sub(startedAt)
+		leader[lc.Shard] = lc.Leader
+		if d, seen := after[lc.Shard]; !seen || ts.Sub(t0) < d {
+			after[lc.Shard] = ts.Sub(t0)
 		}
 	}
-	fmt.Fprintf(s.env.Log, "   rejoin: node %d serving after %s, then leading %d shards; every shard quiet up to %s, "+
-		"a request waited up to %s (before: quiet up to %s)\n",
-		node, fmtDur(rj.Ready), len(rj.HandedBack), fmtDur(rj.Quiet), fmtDur(rj.MaxLatency), fmtDur(rj.Baseline))
-	return rj, nil
+	return leader, after
 }
 
 // logTime reads a zap JSON "ts": ISO 8601 text, or epoch seconds.

@@ -156,7 +156,7 @@ func sampleClusterReport() *Report {
 	r.Cluster = &ClusterReport{Nodes: 3, Shards: 16, Conns: 50, EtcdVersion: "etcd 3.4.23",
 		LeadersPerNode: map[int]int{1: 6, 2: 5, 3: 5}, DiskUse: map[int]int64{1: 30 << 20}, Failover: f, CleanStop: cs,
 		Rejoin: &Rejoin{Node: 2, StartAfter: 4 * time.Second, Ready: ms(800), MaxLatency: ms(670), Quiet: ms(600),
-			HandedBack: map[int]time.Duration{1: ms(900), 4: ms(1200)}}}
+			LeadingIn: map[int]time.Duration{1: ms(900), 4: ms(1200)}}}
 	r.evaluate()
 	return r
 }

@@ -161,9 +161,9 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 		w("| no answer on one of the shards, longest | %s |\n", fmtDur(rj.Quiet))
 		w("| no answer on any shard before the start, longest (noise floor) | %s |\n", fmtDur(rj.Baseline))
 		w("| from the start to the node serving clients | %s |\n", fmtDur(rj.Ready))
-		if len(rj.HandedBack) > 0 {
+		if len(rj.LeadingIn) > 0 {
 			var ds []time.Duration
-			for _, d := range rj.HandedBack {
+			for _, d := range rj.LeadingIn {
 				ds = append(ds, d)
 			}
 			w("| shards it came to lead (handed back, or by an election) / logged after the start | %d / %s to %s |\n", len(ds), fmtDur(slices.Min(ds)), fmtDur(slices.Max(ds)))

@@ -55,6 +55,9 @@ type Options struct {
 	Logger *zap.Logger
 }
 
+// election is the election timeout.
+func (o *Options) election() time.Duration { return o.RTT * time.Duration(o.ElectionRTT) }
+
 func (o *Options) validate() error {
 	if o.NodeID == 0 {
 		return errors.New("replica: node id must be positive")
@@ -91,7 +94,7 @@ func (o *Options) validate() error {
 		// attempt: two election timeouts retry them soon after the drop
 		// ends, yet far above a commit under load (a retry of a batch that
 		// did commit is refused by its id).
-		o.ProposeTimeout = 2 * o.RTT * time.Duration(o.ElectionRTT)
+		o.ProposeTimeout = 2 * o.election()
 	}
 	if o.SnapshotEntries == 0 {
 		o.SnapshotEntries = 20000
@@ -962,9 +965,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 // election, as after a crash.
 func (n *Node) handOver(ctx context.Context) {
 	self := uint64(n.opt.NodeID)
-	election := n.opt.RTT * time.Duration(n.opt.ElectionRTT)
 	start := time.Now()
-	deadline := start.Add(2 * election)
+	deadline := start.Add(2 * n.opt.election())
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
