@@ -219,6 +219,7 @@ func Start(opt Options) (*Node, error) {
 	}
 	slices.Sort(n.ids)
 
+	capReplicate()
 	eng := config.GetDefaultEngineConfig()
 	eng.ExecShards = 1 // one fsync per step for all shards: fixed for the life of a deployment
 	ldb := config.GetTinyMemLogDBConfig()
