@@ -45,6 +45,7 @@ type Rejoin struct {
 	Node         int
 	Conns, Depth int
 	StartAfter   time.Duration // into the measured window
+	Window       time.Duration // the measured window
 	Ready        time.Duration // from the start to the node serving
 	PairsPerSec  float64       // over the whole window, the start included
 	// Over every shard after the start: the longest stretch without an
@@ -270,7 +271,7 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 	}
 	f := &Failover{Clean: clean, KillAfter: p.FailoverKillAfter}
 	label := fmt.Sprintf("cluster section: failover, %s of a node after %s", how, p.FailoverKillAfter)
-	res, tr, killedAt, err := s.underLoad(ctx, c, label, "f", "kill", func(mark func()) {
+	res, tr, killedAt, err := s.underLoad(ctx, c, label, "f", "kill", p.FailoverDuration, func(mark func()) {
 		if atStop != nil {
 			atStop()
 		}
@@ -347,10 +348,13 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 // back and takes over the shards it prefers.
 func (s *suite) rejoin(ctx context.Context, c *serverproc.Cluster, node int) (*Rejoin, error) {
 	p := s.plan
-	rj := &Rejoin{Node: node, StartAfter: p.FailoverKillAfter}
+	rj := &Rejoin{Node: node, StartAfter: p.FailoverKillAfter, Window: p.RejoinDuration}
+	if rj.Window == 0 {
+		rj.Window = p.FailoverDuration
+	}
 	var startErr error
 	label := fmt.Sprintf("cluster section: node %d started again under load after %s", node, p.FailoverKillAfter)
-	res, tr, startedAt, err := s.underLoad(ctx, c, label, "j", "start", func(mark func()) {
+	res, tr, startedAt, err := s.underLoad(ctx, c, label, "j", "start", rj.Window, func(mark func()) {
 		fmt.Fprintf(s.env.Log, "   starting node %d again\n", node)
 		mark()
 		t0 := time.Now()
@@ -376,18 +380,18 @@ func (s *suite) rejoin(ctx context.Context, c *serverproc.Cluster, node int) (*R
 	return rj, nil
 }
 
-// underLoad runs the failover load with a trace per shard over the live
+// underLoad runs the failover load for window with a trace per shard over the live
 // nodes, and calls event FailoverKillAfter into its measured window; event
 // calls mark at its instant, which marks the trace and is returned as at.
 // It returns once both are over; what names the event in the error of a
 // run that ended before it.
 func (s *suite) underLoad(ctx context.Context, c *serverproc.Cluster, label, keyPrefix, what string,
-	event func(mark func())) (res *Result, tr *Trace, at time.Time, err error) {
+	window time.Duration, event func(mark func())) (res *Result, tr *Trace, at time.Time, err error) {
 	p := s.plan
 	tr = NewTrace(p.ClusterShards, time.Millisecond)
 	l := s.clusterLoad(p.FailoverDepth, label)
 	l.Addrs, l.Reconnect, l.Trace = c.Addrs(), true, tr
-	l.Duration, l.KeyPrefix, l.Progress = p.FailoverDuration, keyPrefix, s.env.Log
+	l.Duration, l.KeyPrefix, l.Progress = window, keyPrefix, s.env.Log
 	done := make(chan struct{})
 	timer := time.AfterFunc(p.Warmup+p.FailoverKillAfter, func() {
 		defer close(done)

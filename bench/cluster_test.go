@@ -155,7 +155,7 @@ func sampleClusterReport() *Report {
 		MaxLatency: ms(40), Shards: []ShardGap{{Shard: 1}}, ElectedIn: map[int]time.Duration{1: ms(20)}}
 	r.Cluster = &ClusterReport{Nodes: 3, Shards: 16, Conns: 50, EtcdVersion: "etcd 3.4.23",
 		LeadersPerNode: map[int]int{1: 6, 2: 5, 3: 5}, DiskUse: map[int]int64{1: 30 << 20}, Failover: f, CleanStop: cs,
-		Rejoin: &Rejoin{Node: 2, StartAfter: 4 * time.Second, Ready: ms(800), MaxLatency: ms(670), Quiet: ms(600),
+		Rejoin: &Rejoin{Node: 2, StartAfter: 4 * time.Second, Window: 16 * time.Second, Ready: ms(800), MaxLatency: ms(670), Quiet: ms(600),
 			LeadingIn: map[int]time.Duration{1: ms(900), 4: ms(1200)}}}
 	r.evaluate()
 	return r
@@ -189,7 +189,7 @@ func TestClusterReport(t *testing.T) {
 		"**2.50s**", "![answers per second around the kill](bench-quick.failover.png)", "node 1: 6, node 2: 5",
 		"### Clean stop: SIGTERM of node 2 under load", "| **failover gap** on the stopped node's shards (the longer of the next two) | **40.0ms** |",
 		"| new leader logged by a surviving node after the stop, per shard | 20.0ms to 20.0ms |",
-		"### Rejoin: node 2 started again under load", "| **longest wait of a request** on any shard after the start | **670.0ms** |",
+		"### Rejoin: node 2 started again under load", "4.00s into a measured window of 16.00s node 2 was started again", "| **longest wait of a request** on any shard after the start | **670.0ms** |",
 		"| shards it came to lead (handed back, or by an election) / logged after the start | 2 / 900.0ms to 1.20s |"} {
 		if !strings.Contains(md, w) {
 			t.Errorf("Markdown lacks %q", w)

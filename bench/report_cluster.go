@@ -153,9 +153,9 @@ func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {
 	}
 	if rj := c.Rejoin; rj != nil {
 		w("\n### Rejoin: node %d started again under load\n\n", rj.Node)
-		w("The same load on the other nodes; %s into the measured window node %d was started again on its data "+
+		w("The same load on the other nodes; %s into a measured window of %s node %d was started again on its data "+
 			"directory. It catches up on what it missed, and the leaders hand it back the shards it prefers. "+
-			"Every shard counts here: a request on any of them may wait on a hand-back.\n\n", fmtDur(rj.StartAfter), rj.Node)
+			"Every shard counts here: a request on any of them may wait on a hand-back.\n\n", fmtDur(rj.StartAfter), fmtDur(rj.Window), rj.Node)
 		w("| measured | figure |\n|---|---:|\n")
 		w("| **longest wait of a request** on any shard after the start | **%s** |\n", fmtDur(rj.MaxLatency))
 		w("| no answer on one of the shards, longest | %s |\n", fmtDur(rj.Quiet))

@@ -50,6 +50,11 @@ type Plan struct {
 	FailoverDuration  time.Duration
 	FailoverKillAfter time.Duration
 	FailoverDepth     int
+	// RejoinDuration is the rejoin run's window, the start FailoverKillAfter
+	// into it. It must outlast the node's catch-up and the leaders' wait
+	// before they hand shards back (3 s after its raft connection is up), or
+	// the run ends before the hand-back it is there to measure.
+	RejoinDuration time.Duration
 
 	// 5. steady (0 rounds: not run)
 	SteadyRounds   int
@@ -68,7 +73,7 @@ func FullPlan() Plan {
 		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16, 64},
 		ClusterDuration: 8 * time.Second, EtcdDuration: 8 * time.Second,
 		FailoverDuration: 10 * time.Second, FailoverKillAfter: 4 * time.Second, FailoverDepth: 16,
-		SteadyRounds: 5, SteadyDepths: []int{1, 64}, SteadyDuration: 5 * time.Second,
+		RejoinDuration: 16 * time.Second, SteadyRounds: 5, SteadyDepths: []int{1, 64}, SteadyDuration: 5 * time.Second,
 	}
 }
 
@@ -83,7 +88,7 @@ func QuickPlan() Plan {
 		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16},
 		ClusterDuration: time.Second, EtcdDuration: 2 * time.Second,
 		FailoverDuration: 4 * time.Second, FailoverKillAfter: 1500 * time.Millisecond, FailoverDepth: 16,
-		SteadyRounds: 2, SteadyDepths: []int{1, 64}, SteadyDuration: time.Second,
+		RejoinDuration: 9 * time.Second, SteadyRounds: 2, SteadyDepths: []int{1, 64}, SteadyDuration: time.Second,
 	}
 }
 
