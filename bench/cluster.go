@@ -380,9 +380,9 @@ func (s *suite) rejoin(ctx context.Context, c *serverproc.Cluster, node int) (*R
 	return rj, nil
 }
 
-// underLoad runs the failover load for window with a trace per shard over the live
-// nodes, and calls event FailoverKillAfter into its measured window; event
-// calls mark at its instant, which marks the trace and is returned as at.
+// underLoad runs the failover load over the live nodes for window, with a
+// trace per shard, and calls event FailoverKillAfter into it; event calls
+// mark at its instant, which marks the trace and is returned as at.
 // It returns once both are over; what names the event in the error of a
 // run that ended before it.
 func (s *suite) underLoad(ctx context.Context, c *serverproc.Cluster, label, keyPrefix, what string,
