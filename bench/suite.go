@@ -50,8 +50,8 @@ type Plan struct {
 	FailoverDuration  time.Duration
 	FailoverKillAfter time.Duration
 	FailoverDepth     int
-	// RejoinDuration is the rejoin run's window, the start FailoverKillAfter
-	// into it. It must outlast the node's catch-up and the leaders' wait
+	// RejoinDuration is the rejoin run's window (0: FailoverDuration), the
+	// start FailoverKillAfter into it. It must outlast the node's catch-up and the leaders' wait
 	// before they hand shards back (3 s after its raft connection is up), or
 	// the run ends before the hand-back it is there to measure.
 	RejoinDuration time.Duration

@@ -31,10 +31,11 @@ var (
 )
 
 // capReplicate sets the cap once per process, before the first NodeHost
-// starts: no raft goroutine reads it while it changes.
+// starts: no raft goroutine reads it while it changes. A smaller value from
+// Dragonboat's settings file stays.
 func capReplicate() {
 	capOnce.Do(func() {
 		capDragonboat = dragonboatMaxEntrySize
-		dragonboatMaxEntrySize = replicateBytes
+		dragonboatMaxEntrySize = min(dragonboatMaxEntrySize, replicateBytes)
 	})
 }
