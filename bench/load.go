@@ -287,6 +287,7 @@ type conn struct {
 	outage                        int64 // longest such stretch
 
 	progress atomic.Int64 // answers so far, for the progress line
+	slowest  atomic.Int64 // longest latency since the last progress line, ns
 }
 
 // Run drives one load and returns what it measured. It dials every
@@ -457,9 +458,10 @@ func (r *run) monitor(ctx context.Context, conns []*conn, done <-chan struct{}) 
 			continue
 		}
 		if l.Progress != nil && now-lastPrint >= int64(time.Second) {
-			var lines int64
+			var lines, slowest int64
 			for _, c := range conns {
 				lines += c.progress.Load()
+				slowest = max(slowest, c.slowest.Swap(0))
 			}
 			el := time.Duration(now - r.start).Truncate(time.Second / 10)
 			total := time.Duration(r.endAt.Load() - r.start)
@@ -471,8 +473,8 @@ func (r *run) monitor(ctx context.Context, conns []*conn, done <-chan struct{}) 
 			if l.Duration == 0 {
 				totalText = "?"
 			}
-			fmt.Fprintf(l.Progress, "  %s: %s/%s %s, %s answers/s\n", l.Label, el, totalText, phase,
-				human(float64(lines-lastLines)/(float64(now-lastPrint)/1e9)))
+			fmt.Fprintf(l.Progress, "  %s: %s/%s %s, %s answers/s, slowest %v\n", l.Label, el, totalText, phase,
+				human(float64(lines-lastLines)/(float64(now-lastPrint)/1e9)), time.Duration(slowest).Round(time.Millisecond))
 			lastPrint, lastLines = now, lines
 		}
 	}
@@ -738,6 +740,11 @@ func (c *conn) onData(now int64) error {
 	}
 	c.mu.Unlock()
 	c.progress.Add(lines)
+	for _, v := range c.lat {
+		if v > c.slowest.Load() {
+			c.slowest.Store(v) // a lost race with the progress line's swap only moves v to the next line
+		}
+	}
 	if pairs > 0 && r.l.Pairs > 0 && r.winPairs.Add(pairs) >= r.l.Pairs {
 		r.stop(now)
 	}
