@@ -178,6 +178,9 @@ type group struct {
 	timerRun   atomic.Bool  // a timer proposal is in flight
 	lastOK     atomic.Int64 // unix ns of the last proposal of ours that committed
 	transferAt time.Time    // the last leader transfer asked for (balanceLoop only)
+	// handing is closed when the transfer of this shard's leadership that
+	// this node is asking for ends; nil while none is (see transfer).
+	handing atomic.Pointer[chan struct{}]
 	// handedAt is when the shard's preferred node handed its leadership to
 	// this one (unix ns; 0: never). A node does that when it stops, so the
 	// shard goes back only once it has reconnected since, or after
@@ -567,11 +570,20 @@ func (g *group) propose(h header, body []byte) bool {
 			return false
 		}
 		// Timed out (lost at a leader that stepped down) or dropped (no
-		// leader): the batch may or may not be in the log; retry.
+		// leader, or this one transferring): the batch may or may not be in
+		// the log; retry. Dropped by a transfer this node asked for, it
+		// waits for the transfer to end rather than reach the log at the
+		// moment that decides whether the next attempt succeeds.
+		var ended <-chan struct{}
+		wait := time.After(n.opt.RTT)
+		if h := g.handing.Load(); h != nil && r.Dropped() {
+			ended, wait = *h, nil
+		}
 		select {
 		case <-n.stop:
 			return false
-		case <-time.After(n.opt.RTT):
+		case <-wait:
+		case <-ended:
 		}
 	}
 }
@@ -670,21 +682,46 @@ func (n *Node) balanceLoop() {
 	// load that begins at once meets few transfers); a transfer is asked
 	// for only while leadership is misplaced, so the check costs nothing
 	// once it is spread.
+	var due []*group
 	n.every(500*time.Millisecond, func() {
+		if n.closing.Load() {
+			return // handOver gives every shard away
+		}
+		due = due[:0]
 		for _, g := range n.grps {
 			want := n.preferred(g)
 			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID {
 				continue
 			}
-			// A transfer holds proposals back until it completes or an
-			// election timeout passes (a target still catching up): one
-			// request per shard per 5s at most.
+			// A transfer drops proposals until it completes or an election
+			// timeout passes, twice at most (see transfer): one hand-back
+			// per shard per 5s at most.
 			if n.mayHandBack(g, want, time.Now()) && time.Since(g.transferAt) > 5*time.Second {
 				g.transferAt = time.Now()
-				_ = n.nh.RequestLeaderTransfer(g.id, uint64(want))
+				due = append(due, g)
 			}
 		}
+		if len(due) == 0 {
+			return
+		}
+		start := time.Now()
+		to := func(g *group) uint32 {
+			if want := n.preferred(g); n.reachable(want) {
+				return want
+			}
+			return 0
+		}
+		moved, left := n.transfer(n.stop, due, to, start.Add(n.transferTime()))
+		n.log.Info("handed shard leadership back to the preferred nodes",
+			zap.Int("shards", moved), zap.Int("left", left), zap.Duration("took", time.Since(start)))
 	})
+}
+
+// reachable tells whether id's raft connection is up.
+func (n *Node) reachable(id uint32) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.reach[n.opt.Peers[id]]
 }
 
 // mayHandBack tells whether this node, leading g, may hand it to its
@@ -958,19 +995,14 @@ func (n *Node) Shutdown(ctx context.Context) error {
 }
 
 // handOver asks another node to lead each shard this one leads, and waits
-// until every shard has a new leader, two election timeouts have passed, or
-// ctx ends. A node that stops then leaves its shards answering within a few
-// raft ticks, or one election timeout under load (see below), instead of an
-// election timeout after it has gone plus the election. What it cannot hand
-// over (no peer reachable, a transfer that does not complete) is left to an
-// election, as after a crash.
+// until every shard has a new leader, transferTime has passed, or ctx ends.
+// A node that stops then leaves its shards answering within a few raft
+// ticks, or one election timeout under load (see transfer), instead of an
+// election timeout after it has gone plus the election. What it cannot
+// hand over (no peer reachable, a transfer that does not complete) is left
+// to an election, as after a crash.
 func (n *Node) handOver(ctx context.Context) {
 	self := uint64(n.opt.NodeID)
-	start := time.Now()
-	deadline := start.Add(2 * n.opt.election())
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
-	}
 	var mine []*group
 	for _, g := range n.grps {
 		if g.leader.Load() == self {
@@ -980,45 +1012,95 @@ func (n *Node) handOver(ctx context.Context) {
 	if len(mine) == 0 {
 		return
 	}
-	var asked time.Time
-	for {
-		// Asked again every tick: raft ignores the request while a transfer
-		// is under way, and a transfer fails whenever the target still has
-		// committed entries to apply when told to campaign (Dragonboat skips
-		// the campaign then) until the leader gives it up an election
-		// timeout later. Asked at once after that, with proposals dropped
-		// meanwhile, the target has applied everything.
-		retry := time.Since(asked) >= n.opt.RTT
+	start := time.Now()
+	moved, left := n.transfer(ctx.Done(), mine, n.successor, deadline(ctx, start.Add(n.transferTime())))
+	n.log.Info("handed shard leadership over before stopping",
+		zap.Int("shards", moved), zap.Int("left_to_election", left), zap.Duration("took", time.Since(start)))
+}
+
+// transfer asks for the leadership of each of gs that this node leads to
+// move to to(g) (0: nowhere), and waits until each has another leader, the
+// deadline passes, or stop closes. It returns how many moved and how many
+// are still led here or by nobody.
+//
+// The request is made again every quarter tick: raft ignores it while a
+// transfer is under way, and a transfer fails whenever the target still has
+// committed entries to apply when told to campaign (Dragonboat skips the
+// campaign then; under load it often does) until the leader gives it up an
+// election timeout later, having dropped proposals meanwhile. Asked again
+// at once, before new entries reach the log (this node's own proposals
+// wait for the transfer to end instead of retrying, see propose), the
+// target has applied everything and takes over within a few ticks. The
+// proposals that other nodes forwarded to this one meanwhile, lost without
+// a word, are retried there as soon as the new leader is known instead of
+// at their timeout.
+//
+// After the first, no request is made in the last election timeout before
+// the deadline, so that no transfer it starts is still dropping proposals
+// when this node's own go back to retrying.
+func (n *Node) transfer(stop <-chan struct{}, gs []*group, to func(*group) uint32, deadline time.Time) (moved, left int) {
+	self := uint64(n.opt.NodeID)
+	lastAsk := deadline.Add(-n.opt.election())
+	// One transfer at a time marks a shard (a hand-back may still run when
+	// a stopping node hands everything over): each unmarks only its own.
+	marks := make([]*chan struct{}, len(gs))
+	for i, g := range gs {
+		done := make(chan struct{})
+		if g.handing.CompareAndSwap(nil, &done) {
+			marks[i] = &done
+		}
+	}
+	ended := func(i int) {
+		if h := marks[i]; h != nil {
+			gs[i].handing.CompareAndSwap(h, nil)
+			close(*h)
+			marks[i] = nil
+		}
+	}
+	defer func() {
+		for i := range gs {
+			ended(i)
+		}
+	}()
+	for first := true; ; first = false {
+		ask := first || time.Now().Before(lastAsk)
 		led, nowhere := 0, 0
-		for _, g := range mine {
-			// Handed over once another leader is known: between, the
-			// target is still collecting votes (this node's among them).
+		for i, g := range gs {
+			// Moved once another leader is known: between, the target is
+			// still collecting votes (this node's among them).
 			l := g.leader.Load()
 			if l != self && l != 0 {
+				ended(i)
 				continue
 			}
 			led++
-			if to := n.successor(g); to == 0 {
+			if t := to(g); t == 0 {
 				nowhere++
-			} else if retry && l == self {
-				_ = n.nh.RequestLeaderTransfer(g.id, uint64(to))
+			} else if l == self && ask {
+				_ = n.nh.RequestLeaderTransfer(g.id, uint64(t))
 			}
 		}
-		if retry {
-			asked = time.Now()
-		}
 		if led == nowhere || time.Now().After(deadline) {
-			n.log.Info("handed shard leadership over before stopping",
-				zap.Int("shards", len(mine)-led), zap.Int("left_to_election", led),
-				zap.Duration("took", time.Since(start)))
-			return
+			return len(gs) - led, led
 		}
 		select {
-		case <-ctx.Done():
-			return
+		case <-stop:
+			return len(gs) - led, led
 		case <-time.After(n.opt.RTT / 4):
 		}
 	}
+}
+
+// transferTime bounds a transfer: a first try that fails, one more that
+// succeeds, and the ticks it takes the target to win its election.
+func (n *Node) transferTime() time.Duration { return 2*n.opt.election() + 10*n.opt.RTT }
+
+// deadline is the earlier of ctx's deadline and d.
+func deadline(ctx context.Context, d time.Time) time.Time {
+	if dl, ok := ctx.Deadline(); ok && dl.Before(d) {
+		return dl
+	}
+	return d
 }
 
 // preferred is the node that g's leadership belongs on: shard i on the
