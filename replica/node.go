@@ -222,7 +222,7 @@ func Start(opt Options) (*Node, error) {
 	}
 	slices.Sort(n.ids)
 
-	capReplicate()
+	tuneDragonboat()
 	eng := config.GetDefaultEngineConfig()
 	eng.ExecShards = 1 // one fsync per step for all shards: fixed for the life of a deployment
 	ldb := config.GetTinyMemLogDBConfig()

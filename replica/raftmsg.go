@@ -19,23 +19,44 @@ const replicateBytes = 256 << 10
 // dragonboatMaxEntrySize is Dragonboat's own cap (its soft setting
 // MaxEntrySize), which it reads otherwise only from a file in the process's
 // working directory, at init. The module version is pinned in go.mod;
-// TestReplicateCapReachesDragonboat fails if the name stops being the
+// TestTuningReachesDragonboat fails if the name stops being the
 // variable Dragonboat reads.
 //
 //go:linkname dragonboatMaxEntrySize github.com/lni/dragonboat/v4/internal/raft.maxEntrySize
 var dragonboatMaxEntrySize uint64
 
+// dragonboatStreamConnections is how many TCP connections a NodeHost keeps
+// to each peer for raft messages, shards spread over them by id (its soft
+// setting StreamConnections, default 4, read from the same file). ticketd
+// uses one. A connection learns that its peer restarted only when a write
+// fails, and every failure opens Dragonboat's circuit breaker to that peer,
+// dropping every message to it for 0.25-1 s. With four, a connection whose
+// shards had sent nothing to the peer since it restarted fails the first
+// time one of them does: in hand-run restarts that came 2.6-5.7 s later,
+// when the restarted node had just been handed shards, and the dropped
+// heartbeats, replies and forwarded proposals stalled shards for up to
+// 2.2 s (bench/results/stream-connections.txt). One connection carries every shard's heartbeats, so it fails at
+// once, while the peer is down or starting; and on two cores it carried
+// more (51-61k lock pairs/s at depth 64 against 44-51k with four).
+//
+//go:linkname dragonboatStreamConnections github.com/lni/dragonboat/v4.streamConnections
+var dragonboatStreamConnections uint64
+
+const streamConnections = 1
+
 var (
-	capOnce       sync.Once
-	capDragonboat uint64 // its value before capReplicate
+	tuneOnce          sync.Once
+	capDragonboat     uint64 // maxEntrySize before tuneDragonboat
+	streamsDragonboat uint64 // streamConnections before tuneDragonboat
 )
 
-// capReplicate sets the cap once per process, before the first NodeHost
-// starts: no raft goroutine reads it while it changes. A smaller value from
-// Dragonboat's settings file stays.
-func capReplicate() {
-	capOnce.Do(func() {
-		capDragonboat = dragonboatMaxEntrySize
+// tuneDragonboat sets both once per process, before the first NodeHost
+// starts: no Dragonboat goroutine reads them while they change. Smaller
+// values from Dragonboat's settings file stay.
+func tuneDragonboat() {
+	tuneOnce.Do(func() {
+		capDragonboat, streamsDragonboat = dragonboatMaxEntrySize, dragonboatStreamConnections
 		dragonboatMaxEntrySize = min(dragonboatMaxEntrySize, replicateBytes)
+		dragonboatStreamConnections = min(dragonboatStreamConnections, streamConnections)
 	})
 }
