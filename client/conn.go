@@ -64,22 +64,25 @@ type slot struct {
 	w   batchWriter
 	try tryWriter // the reader's writes that never block
 
-	// Owned by the run goroutine.
-	addrIdx int
-	addr    string
+	// Owned by the run goroutine. home is the address connection i of a
+	// client starts on (i mod the addresses), so that the connections are
+	// spread; failed is the address whose connection broke last (-1: none).
+	home, failed, cur int // cur: the address of the connection up or last up
+	addr              string
 }
 
 // closedCall marks the stack of a slot whose connection is down.
 var closedCall = &call{}
 
-func newSlot(cl *Client, addrIdx int) *slot {
+func newSlot(cl *Client, home int) *slot {
 	s := &slot{
-		cl:      cl,
-		wake:    make(chan struct{}, 1),
-		acq:     make(map[uint64]*call),
-		named:   make(map[string]*call),
-		rel:     make(map[uint64]*call),
-		addrIdx: addrIdx,
+		cl:     cl,
+		wake:   make(chan struct{}, 1),
+		acq:    make(map[uint64]*call),
+		named:  make(map[string]*call),
+		rel:    make(map[uint64]*call),
+		home:   home,
+		failed: -1,
 	}
 	s.head.Store(closedCall)
 	return s
@@ -118,19 +121,18 @@ func (s *slot) closeConn() {
 	s.ncMu.Unlock()
 }
 
-// dial tries every address once, starting with the one last used.
+// dial tries every address once, in dialOrder.
 func (s *slot) dial(ctx context.Context) (net.Conn, error) {
 	addrs := s.cl.addrs
 	var errs []error
-	for i := range addrs {
-		j := (s.addrIdx + i) % len(addrs)
+	for _, j := range dialOrder(len(addrs), s.home, s.failed) {
 		var d net.Dialer
 		dctx, cancel := context.WithTimeout(ctx, s.cl.cfg.dialTimeout)
 		t0 := time.Now()
 		nc, err := d.DialContext(dctx, "tcp", addrs[j])
 		cancel()
 		if err == nil {
-			s.addrIdx, s.addr = j, addrs[j]
+			s.cur, s.addr = j, addrs[j]
 			s.rtt.Store(int64(time.Since(t0))) // a handshake is one round trip
 			return nc, nil
 		}
@@ -144,6 +146,34 @@ func (s *slot) dial(ctx context.Context) (net.Conn, error) {
 	return nil, &ConnError{Addr: s.cl.addrList, Err: err}
 }
 
+// dialOrder is the order in which a slot tries n addresses: its own (home)
+// first, unless that is the one whose connection broke (failed; -1: none);
+// then the others in turn after the failed one; the failed one last. A
+// cluster node that broke the connection (it stopped, or answered E
+// unavailable: no quorum there) is the one to avoid; and a connection that
+// moved off its own node goes back there at its next break, so that a
+// rolling restart (nodes 1, 2, 3 in turn) does not leave every connection
+// of every client on one node.
+func dialOrder(n, home, failed int) []int {
+	order := make([]int, 0, n)
+	if home != failed {
+		order = append(order, home)
+	}
+	from := failed
+	if failed < 0 {
+		from = home
+	}
+	for k := 1; k <= n; k++ {
+		if j := (from + k) % n; j != home && j != failed {
+			order = append(order, j)
+		}
+	}
+	if failed >= 0 {
+		order = append(order, failed)
+	}
+	return order
+}
+
 // run serves nc (if not nil), then redials with backoff until Close.
 func (s *slot) run(nc net.Conn) {
 	defer s.cl.wg.Done()
@@ -153,9 +183,7 @@ func (s *slot) run(nc net.Conn) {
 			attempt = 0
 			s.serve(nc)
 			nc = nil
-			// Redial another address first: a cluster node that broke the
-			// connection (E unavailable: no quorum there) is the one to avoid.
-			s.addrIdx = (s.addrIdx + 1) % len(s.cl.addrs)
+			s.failed = s.cur
 		}
 		if s.cl.closed.Load() {
 			return

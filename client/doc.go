@@ -45,9 +45,13 @@
 // *ServerError. The client checks keys, owners, leases and waits before
 // sending, so that one bad call cannot take down the calls of others.
 //
-// A broken connection is redialled in the background with backoff, trying
-// the addresses given to Dial in turn, starting after the one it had (a
-// cluster node that answered E unavailable has no quorum for some shard).
+// Connection i starts on the i-th address given to Dial (mod their number).
+// A broken connection is redialled in the background with backoff: first
+// its own address, unless that is the one it lost; then the others in turn
+// after the one it lost (a cluster node that answered E unavailable has no
+// quorum for some shard), which comes last. So a connection that had to
+// move goes back to its own node at its next break, and a rolling restart
+// does not leave every connection on one node.
 // While it is down, calls go to the other connections, or fail at once with
 // a *ConnError (Unknown false) when none is up.
 //

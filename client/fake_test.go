@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -375,6 +376,49 @@ func TestSeveralAddresses(t *testing.T) {
 	waitFor(t, 5*time.Second, "3 connections to the live address", func() bool { return count() >= 3 })
 	if n := count(); n != 3 {
 		t.Errorf("%d connections to the live address, want 3", n)
+	}
+}
+
+// A rolling restart: the node a connection is on goes, then the one it
+// moved to. The connection goes back to its own node, not on to the third,
+// where every connection of every client would end up.
+func TestRollingRestartGoesHome(t *testing.T) {
+	// Node i answers with token i; nodes 1 and 2 break their first
+	// connection after one answer, as a node that stops does.
+	var mu sync.Mutex
+	conns := map[int]int{}
+	node := func(id int, breakFirst bool) string {
+		addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+			mu.Lock()
+			conns[id]++
+			first := conns[id] == 1
+			mu.Unlock()
+			for f := readFields(t, r); f != nil; f = readFields(t, r) {
+				fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
+				if breakFirst && first {
+					return
+				}
+			}
+		})
+		return addr
+	}
+	addrs := node(1, true) + "," + node(2, true) + "," + node(3, false)
+	cl := dial(t, addrs, client.WithConns(1), client.WithBackoff(time.Millisecond, 2*time.Millisecond))
+	ctx := testCtx(t)
+	var tokens []uint64
+	for len(tokens) < 3 {
+		l, err := cl.Acquire(ctx, "k", time.Second, 0)
+		switch {
+		case err == nil:
+			tokens = append(tokens, l.Token)
+		case errors.Is(err, client.ErrConnBroken):
+			time.Sleep(time.Millisecond) // between a break and the redial
+		default:
+			t.Fatal(err)
+		}
+	}
+	if want := []uint64{1, 2, 1}; !slices.Equal(tokens, want) {
+		t.Errorf("answered by nodes %v, want %v: its own node, the next while that one is gone, then its own again", tokens, want)
 	}
 }
 
