@@ -82,10 +82,20 @@ func (w *worker) dial() bool {
 	return false
 }
 
+// after drops a broken connection. The next dial tries the worker's own
+// node first, unless that is the one lost (down or cut off: then the next
+// one), as the Go client does: the workers stay spread over the nodes
+// instead of gathering on one after a few restarts, where a fault of any
+// other node would meet no client.
 func (w *worker) after() {
 	if w.c != nil && w.c.isBroken() {
 		w.c = nil
-		w.next++ // another node next: this one may be down or cut off
+		n := len(w.tg.nodes)
+		if w.next%n != w.id%n {
+			w.next = w.id
+		} else {
+			w.next = w.id + 1
+		}
 	}
 }
 
