@@ -47,7 +47,7 @@
 //
 // Connection i starts on the i-th address given to Dial (mod their number):
 // with fewer connections (WithConns) than nodes, give each process the
-// addresses in another order, or every client leaves the last nodes idle.
+// addresses in another order, or the last nodes get no client connection.
 // A broken connection is redialled in the background with backoff: first
 // its own address, unless that is the one it lost; then the others in turn
 // after the one it lost (a cluster node that answered E unavailable has no
