@@ -712,7 +712,7 @@ func (n *Node) balanceLoop() {
 			return 0
 		}
 		moved, left := n.transfer(n.stop, due, to, start.Add(n.transferTime()))
-		n.log.Info("handed shard leadership back to the preferred nodes",
+		n.log.Info("handed shard leadership to the preferred nodes",
 			zap.Int("shards", moved), zap.Int("left", left), zap.Duration("took", time.Since(start)))
 	})
 }
