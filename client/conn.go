@@ -121,13 +121,26 @@ func (s *slot) closeConn() {
 	s.ncMu.Unlock()
 }
 
-// dial tries every address once, in dialOrder.
+// dial tries every address once, in dialOrder. Going back to its own
+// address after a move is worth a short wait only: a node cut off by the
+// network, rather than down, does not refuse but lets the attempt time out.
+// So that attempt gets a tenth of the dial timeout, and the address is
+// tried again with all of it after the others.
 func (s *slot) dial(ctx context.Context) (net.Conn, error) {
 	addrs := s.cl.addrs
+	order := dialOrder(len(addrs), s.home, s.failed)
+	back := s.failed >= 0 && s.failed != s.home
+	if back {
+		order = append(order, s.home)
+	}
 	var errs []error
-	for _, j := range dialOrder(len(addrs), s.home, s.failed) {
+	for i, j := range order {
+		timeout := s.cl.cfg.dialTimeout
+		if back && i == 0 {
+			timeout /= 10
+		}
 		var d net.Dialer
-		dctx, cancel := context.WithTimeout(ctx, s.cl.cfg.dialTimeout)
+		dctx, cancel := context.WithTimeout(ctx, timeout)
 		t0 := time.Now()
 		nc, err := d.DialContext(dctx, "tcp", addrs[j])
 		cancel()

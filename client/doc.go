@@ -49,11 +49,12 @@
 // with fewer connections (WithConns) than nodes, give each process the
 // addresses in another order, or the last nodes get no client connection.
 // A broken connection is redialled in the background with backoff: first
-// its own address, unless that is the one it lost; then the others in turn
-// after the one it lost (a cluster node that answered E unavailable has no
-// quorum for some shard), which comes last. So a connection that had to
-// move goes back to its own node at its next break, and a rolling restart
-// does not leave every connection on one node.
+// its own address, unless that is the one it lost (with a tenth of the dial
+// timeout, as a node cut off by the network does not refuse); then the
+// others in turn after the one it lost (a cluster node that answered E
+// unavailable has no quorum for some shard), which comes last. So a
+// connection that had to move goes back to its own node at its next break,
+// and a rolling restart does not leave every connection on one node.
 // While it is down, calls go to the other connections, or fail at once with
 // a *ConnError (Unknown false) when none is up.
 //
