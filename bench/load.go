@@ -660,7 +660,7 @@ func (c *conn) onData(now int64) error {
 	c.mu.Lock()
 	buf := c.rbuf[:c.rlen]
 	off := 0
-	var lines, pairs int64
+	var lines, pairs, slowest int64
 	var err error
 	for {
 		n, si, out, tok, perr := r.w.parse(buf[off:], c)
@@ -679,6 +679,7 @@ func (c *conn) onData(now int64) error {
 		}
 		if inWindow && s.stamp >= r.winStart {
 			lat := now - s.stamp
+			slowest = max(slowest, lat)
 			c.lat = append(c.lat, lat)
 			if s.state == slotAcquiring {
 				c.acq = append(c.acq, lat)
@@ -740,10 +741,8 @@ func (c *conn) onData(now int64) error {
 	}
 	c.mu.Unlock()
 	c.progress.Add(lines)
-	for _, v := range c.lat {
-		if v > c.slowest.Load() {
-			c.slowest.Store(v) // a lost race with the progress line's swap only moves v to the next line
-		}
+	if slowest > c.slowest.Load() {
+		c.slowest.Store(slowest) // a lost race with the progress line's swap only moves it to the next line
 	}
 	if pairs > 0 && r.l.Pairs > 0 && r.winPairs.Add(pairs) >= r.l.Pairs {
 		r.stop(now)

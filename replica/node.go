@@ -574,10 +574,12 @@ func (g *group) propose(h header, body []byte) bool {
 		// the log; retry. Dropped by a transfer this node asked for, it
 		// waits for the transfer to end rather than reach the log at the
 		// moment that decides whether the next attempt succeeds.
+		var wait <-chan time.Time
 		var ended <-chan struct{}
-		wait := time.After(n.opt.RTT)
 		if h := g.handing.Load(); h != nil && r.Dropped() {
-			ended, wait = *h, nil
+			ended = *h
+		} else {
+			wait = time.After(n.opt.RTT)
 		}
 		select {
 		case <-n.stop:

@@ -35,9 +35,10 @@ var dragonboatMaxEntrySize uint64
 // time one of them does: in hand-run restarts that came 2.6-5.7 s later,
 // when the restarted node had just been handed shards, and the dropped
 // heartbeats, replies and forwarded proposals stalled shards for up to
-// 2.2 s (bench/results/stream-connections.txt). One connection carries every shard's heartbeats, so it fails at
-// once, while the peer is down or starting; and on two cores it carried
-// more (51-61k lock pairs/s at depth 64 against 44-51k with four).
+// 2.2 s (bench/results/stream-connections.txt). One connection carries
+// every shard's heartbeats, so it fails at once, while the peer is down or
+// starting; and on two cores it carried more (51-61k lock pairs/s at depth
+// 64 against 44-51k with four).
 //
 //go:linkname dragonboatStreamConnections github.com/lni/dragonboat/v4.streamConnections
 var dragonboatStreamConnections uint64
