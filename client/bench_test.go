@@ -9,7 +9,9 @@ package client_test
 // The ratio of the two ns/op is the cost of the client (matching, pooling,
 // goroutine hand-offs) over what the server and the network cost anyway.
 // The NoWait and Pipelined pair does the same with releases that nobody
-// waits for, each sent beside the key's next acquire.
+// waits for, each sent beside the key's next acquire. The Func benchmarks
+// are the same two loads through AcquireFunc and ReleaseFunc, which hand
+// answers over without a goroutine switch.
 
 import (
 	"bufio"
@@ -36,6 +38,93 @@ func BenchmarkClientAcquireRelease(b *testing.B) { benchClient(b, false) }
 
 // BenchmarkClientAcquireReleaseNoWait releases with ReleaseNoWait: the
 // caller's next acquire goes out beside its release. Its floor is
+// BenchmarkClientAcquireReleaseFunc is BenchmarkClientAcquireRelease with
+// AcquireFunc and ReleaseFunc: benchInFlight chains, each acquiring its key,
+// releasing it and acquiring it again from the funcs, with no goroutine of
+// their own.
+func BenchmarkClientAcquireReleaseFunc(b *testing.B) { benchFunc(b, false) }
+
+// BenchmarkClientAcquireReleaseFuncNoWait releases with ReleaseNoWait and
+// acquires again at once, from AcquireFunc's func. Its floor is
+// BenchmarkRawAcquireReleasePipelined.
+func BenchmarkClientAcquireReleaseFuncNoWait(b *testing.B) { benchFunc(b, true) }
+
+func benchFunc(b *testing.B, noWait bool) {
+	srv := startServer(b, "", "")
+	cl := dial(b, srv.addr, client.WithConns(benchConns))
+	var (
+		left atomic.Int64 // pairs not yet started
+		wg   sync.WaitGroup
+	)
+	left.Store(int64(b.N))
+	chains := make([]funcChain, benchInFlight)
+	for i := range chains {
+		ch := &chains[i]
+		ch.b, ch.cl, ch.left, ch.wg, ch.noWait = b, cl, &left, &wg, noWait
+		ch.key = "bench-func-" + strconv.Itoa(i)
+		ch.onAcquire, ch.onRelease = ch.acquired, ch.released // bound once: no allocation per call
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	wg.Add(len(chains))
+	for i := range chains {
+		chains[i].next()
+	}
+	wg.Wait()
+}
+
+// funcChain acquires and releases one key over and over from the funcs.
+type funcChain struct {
+	b         *testing.B
+	cl        *client.Client
+	key       string
+	left      *atomic.Int64
+	wg        *sync.WaitGroup
+	noWait    bool
+	onAcquire func(client.Lock, error)
+	onRelease func(error)
+}
+
+func (ch *funcChain) next() {
+	if ch.left.Add(-1) < 0 {
+		ch.wg.Done()
+		return
+	}
+	if err := ch.cl.AcquireFunc(ch.key, 30*time.Second, 0, ch.onAcquire); err != nil {
+		ch.fail(err)
+	}
+}
+
+func (ch *funcChain) acquired(l client.Lock, err error) {
+	switch {
+	case err != nil:
+		ch.fail(err)
+	case ch.noWait:
+		if err := ch.cl.ReleaseNoWait(l); err != nil {
+			ch.fail(err)
+			return
+		}
+		ch.next()
+	default:
+		if err := ch.cl.ReleaseFunc(l, ch.onRelease); err != nil {
+			ch.fail(err)
+		}
+	}
+}
+
+func (ch *funcChain) released(err error) {
+	if err != nil {
+		ch.fail(err)
+		return
+	}
+	ch.next()
+}
+
+func (ch *funcChain) fail(err error) {
+	ch.b.Error(err)
+	ch.wg.Done()
+}
+
 // BenchmarkRawAcquireReleasePipelined.
 func BenchmarkClientAcquireReleaseNoWait(b *testing.B) { benchClient(b, true) }
 

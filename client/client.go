@@ -180,14 +180,8 @@ func (cl *Client) AcquireAs(ctx context.Context, owner, key string, lease, wait 
 }
 
 func (cl *Client) acquire(ctx context.Context, owner, key string, lease, wait time.Duration) (Lock, error) {
-	if err := checkKey(key); err != nil {
+	if err := cl.checkAcquire(key, lease, wait); err != nil {
 		return Lock{}, err
-	}
-	if lease < time.Millisecond || lease > cl.cfg.maxLease {
-		return Lock{}, fmt.Errorf("%w: lease %v: want 1ms to %v", ErrInvalid, lease, cl.cfg.maxLease)
-	}
-	if wait < 0 || wait > cl.cfg.maxWait {
-		return Lock{}, fmt.Errorf("%w: wait %v: want 0 to %v", ErrInvalid, wait, cl.cfg.maxWait)
 	}
 	if err := ctx.Err(); err != nil {
 		return Lock{}, err
@@ -199,14 +193,44 @@ func (cl *Client) acquire(ctx context.Context, owner, key string, lease, wait ti
 		}
 		wait = min(wait, left)
 	}
+	c, err := cl.queueAcquire(owner, key, lease, wait, nil)
+	if err != nil {
+		return Lock{}, err
+	}
+	if !c.wait(ctx) {
+		return Lock{}, ctx.Err()
+	}
+	l, err := cl.acquired(c)
+	putCall(c)
+	return l, err
+}
+
+// checkAcquire refuses what no acquire may carry.
+func (cl *Client) checkAcquire(key string, lease, wait time.Duration) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if lease < time.Millisecond || lease > cl.cfg.maxLease {
+		return fmt.Errorf("%w: lease %v: want 1ms to %v", ErrInvalid, lease, cl.cfg.maxLease)
+	}
+	if wait < 0 || wait > cl.cfg.maxWait {
+		return fmt.Errorf("%w: wait %v: want 0 to %v", ErrInvalid, wait, cl.cfg.maxWait)
+	}
+	return nil
+}
+
+// queueAcquire hands a checked acquire to a connection and returns its call
+// to wait on, or with fn, nil: fn gets the outcome.
+func (cl *Client) queueAcquire(owner, key string, lease, wait time.Duration, fn func(Lock, error)) (*call, error) {
 	if cl.closed.Load() {
-		return Lock{}, ErrClosed
+		return nil, ErrClosed
 	}
 	c := getCall()
 	c.kind = 'A'
 	c.key = key
 	c.leaseMs = uint64(lease / time.Millisecond)
 	c.waitMs = uint64(wait / time.Millisecond)
+	c.onAcquire = fn
 	if owner == "" {
 		c.seq = cl.seq.Add(1)
 	} else {
@@ -214,31 +238,33 @@ func (cl *Client) acquire(ctx context.Context, owner, key string, lease, wait ti
 	}
 	if err := cl.submitOrFail(c); err != nil {
 		putCall(c)
-		return Lock{}, err
+		return nil, err
 	}
-	if !c.wait(ctx) {
-		return Lock{}, ctx.Err()
+	if fn != nil {
+		return nil, nil // answered and recycled maybe already: not ours to touch
 	}
-	var l Lock
-	var err error
+	return c, nil
+}
+
+// acquired is the outcome of an answered (or failed) acquire.
+func (cl *Client) acquired(c *call) (Lock, error) {
 	switch {
 	case c.err != nil:
-		err = c.err
+		return Lock{}, c.err
 	case c.res == 'A':
-		l = Lock{Key: key, Token: c.resToken, owner: owner,
+		l := Lock{Key: c.key, Token: c.resToken, owner: c.owner,
 			Deadline: c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)}
-		if owner == "" {
+		if c.owner == "" {
 			l.owner, l.seq = cl.idPrefix, c.seq
 		}
+		return l, nil
 	case c.res == 'T' && c.early:
-		err = ErrWaitEnded
+		return Lock{}, ErrWaitEnded
 	case c.res == 'T':
-		err = ErrHeld
+		return Lock{}, ErrHeld
 	default: // 'B'
-		err = ErrBusy
+		return Lock{}, ErrBusy
 	}
-	putCall(c)
-	return l, err
 }
 
 // Release gives up l (by its Key and Token). It returns nil when the server
@@ -252,21 +278,27 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	c, err := cl.queueRelease(l, false)
+	c, err := cl.queueRelease(l, false, nil)
 	if err != nil {
 		return err
 	}
 	if !c.wait(ctx) {
 		return ctx.Err()
 	}
-	switch {
-	case c.err != nil:
-		err = c.err
-	case c.res == 'N':
-		err = ErrNotHeld
-	}
+	err = released(c)
 	putCall(c)
 	return err
+}
+
+// released is the outcome of an answered (or failed) release.
+func released(c *call) error {
+	switch {
+	case c.err != nil:
+		return c.err
+	case c.res == 'N':
+		return ErrNotHeld
+	}
+	return nil
 }
 
 // ReleaseNoWait gives up l like Release, but returns as soon as the release
@@ -284,7 +316,46 @@ func (cl *Client) ReleaseNoWait(l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err
 	}
-	_, err := cl.queueRelease(l, true)
+	_, err := cl.queueRelease(l, true, nil)
+	return err
+}
+
+// AcquireFunc is Acquire for code that keeps many acquires in flight
+// without a goroutine for each: it queues the acquire and returns at once,
+// and fn gets the outcome Acquire would return (never ctx.Err(): the wait
+// alone bounds the call). The grant then reaches fn with no goroutine
+// hand-off in between.
+//
+// If AcquireFunc returns an error (ErrInvalid, ErrClosed, or a *ConnError
+// when no connection is up), nothing was queued and fn is not called.
+// Otherwise fn is called exactly once, on the goroutine of the connection
+// that reads the answer (or fails the call), so it must not block: every
+// other answer on that connection waits for it. It may call AcquireFunc,
+// ReleaseFunc and ReleaseNoWait, whose requests go out with the replies of
+// other callers to the same read; never Acquire or Release, whose answers
+// that goroutine would have to read.
+func (cl *Client) AcquireFunc(key string, lease, wait time.Duration, fn func(Lock, error)) error {
+	if fn == nil {
+		return fmt.Errorf("%w: nil func", ErrInvalid)
+	}
+	if err := cl.checkAcquire(key, lease, wait); err != nil {
+		return err
+	}
+	_, err := cl.queueAcquire("", key, lease, wait, fn)
+	return err
+}
+
+// ReleaseFunc is Release in the manner of AcquireFunc: it queues the release
+// of l and returns at once, and fn gets the outcome Release would return,
+// under the same rules.
+func (cl *Client) ReleaseFunc(l Lock, fn func(error)) error {
+	if fn == nil {
+		return fmt.Errorf("%w: nil func", ErrInvalid)
+	}
+	if err := checkLock(l); err != nil {
+		return err
+	}
+	_, err := cl.queueRelease(l, false, fn)
 	return err
 }
 
@@ -300,19 +371,19 @@ func checkLock(l Lock) error {
 }
 
 // queueRelease hands a release of l to a connection and returns its call to
-// wait on; with noWait nobody waits for the answer, the connection recycles
-// the call, and nil is returned.
-func (cl *Client) queueRelease(l Lock, noWait bool) (*call, error) {
+// wait on. With noWait nobody waits for the answer, the connection recycles
+// the call, and nil is returned; so too with fn, which gets the outcome.
+func (cl *Client) queueRelease(l Lock, noWait bool, fn func(error)) (*call, error) {
 	if cl.closed.Load() {
 		return nil, ErrClosed
 	}
 	c := getCall()
-	c.kind, c.internal, c.key, c.token = 'R', noWait, l.Key, l.Token
+	c.kind, c.internal, c.key, c.token, c.onRelease = 'R', noWait, l.Key, l.Token, fn
 	if err := cl.submitOrFail(c); err != nil {
 		putCall(c)
 		return nil, err
 	}
-	if noWait {
+	if noWait || fn != nil {
 		return nil, nil // answered and recycled maybe already: not ours to touch
 	}
 	return c, nil
@@ -382,6 +453,11 @@ type call struct {
 	waitMs   uint64
 	token    uint64
 	sent     time.Time // when the batch holding the request was written
+
+	// AcquireFunc and ReleaseFunc: called with the outcome instead of
+	// waking a waiting caller.
+	onAcquire func(Lock, error)
+	onRelease func(error)
 
 	// Set by the connection before done is signalled.
 	res      byte // answer kind

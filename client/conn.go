@@ -287,11 +287,24 @@ func (s *slot) serve(nc net.Conn) {
 	}
 }
 
-// finish hands an answered (or failed) call back: to its waiting caller, or,
-// if the caller gave up, recycles it and releases a grant nobody wants.
+// finish hands an answered (or failed) call back: to its waiting caller, or
+// its func, or, if the caller gave up, recycles it and releases a grant
+// nobody wants.
 func (s *slot) finish(c *call) {
 	if c.internal {
 		putCall(c)
+		return
+	}
+	if fn := c.onAcquire; fn != nil {
+		l, err := s.cl.acquired(c)
+		putCall(c)
+		fn(l, err)
+		return
+	}
+	if fn := c.onRelease; fn != nil {
+		err := released(c)
+		putCall(c)
+		fn(err)
 		return
 	}
 	if c.state.CompareAndSwap(stWaiting, stDone) {
@@ -547,9 +560,9 @@ func (s *slot) readLoop(nc net.Conn) error {
 				s.readerWakes.Store(true)
 				pushed0 = s.pushed.Load()
 			}
-			woken := 0 // callers that will reply
+			woken := 0 // callers that will reply; a func replies within finish
 			for _, c := range batch {
-				if !c.internal {
+				if !c.internal && c.onAcquire == nil && c.onRelease == nil {
 					woken++
 				}
 				s.finish(c)

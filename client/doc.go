@@ -31,6 +31,21 @@
 // the outcome saves a round trip, and its next acquire of the key goes out
 // right after the release.
 //
+// # Calls without a goroutine each
+//
+// Acquire and Release block their goroutine, and waking it for each answer
+// is most of what the client costs: a Go scheduler hand-off per answer.
+// Code that keeps many locks in flight from few goroutines (a proxy, a
+// batch job, an event loop of its own) can use AcquireFunc and ReleaseFunc
+// instead: they queue the request and return, and the connection's reader
+// calls the func with the outcome as soon as it has matched the answer. A
+// func may queue the next requests (AcquireFunc, ReleaseFunc,
+// ReleaseNoWait), which go out with that read's other replies in one write,
+// as a hand-written pipelined loop would send them; it must not block, as
+// the answers after it wait for it. A pair costs about 1.1x such a loop
+// (1.2x with ReleaseNoWait against a loop that pipelines the release with
+// the next acquire), against 1.5-1.8x through the blocking calls.
+//
 // # Errors
 //
 // The server's refusals are plain values: ErrHeld (T: held by someone else

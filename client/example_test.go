@@ -133,3 +133,35 @@ func ExampleClient_Release() {
 		fmt.Println("release failed, the lease ends at", lock.Deadline, ":", err)
 	}
 }
+
+// Keep many acquires in flight from one goroutine: each func queues the
+// next request itself, and the connection's reader runs it as the answer
+// comes, so no goroutine waits per lock. The funcs must not block.
+func ExampleClient_AcquireFunc() {
+	cl, err := client.Dial(context.Background(), "127.0.0.1:7411")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cl.Close()
+
+	jobs := []string{"job-1", "job-2", "job-3"}
+	var wg sync.WaitGroup
+	wg.Add(len(jobs))
+	for _, job := range jobs {
+		err := cl.AcquireFunc(job, time.Minute, 0, func(l client.Lock, err error) {
+			if err != nil { // ErrHeld: another worker has it
+				wg.Done()
+				return
+			}
+			go func() { // the work may block: not on the reader's goroutine
+				defer wg.Done()
+				fmt.Println("running", l.Key, "with token", l.Token)
+				cl.ReleaseNoWait(l)
+			}()
+		})
+		if err != nil {
+			wg.Done()
+		}
+	}
+	wg.Wait()
+}
