@@ -40,6 +40,7 @@ type Conn struct {
 	grants []grant
 	keys   []byte
 	closed bool
+	failed bool // Fail posted its line: it does not post another
 }
 
 type grant struct {

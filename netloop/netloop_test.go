@@ -307,3 +307,28 @@ func TestDeliveredGrantsNotReleased(t *testing.T) {
 		t.Fatalf("released %v, want %v", b.got, want)
 	}
 }
+
+// Fail called twice at once (two batches of one connection given up
+// together) writes one E line, then the connection closes.
+func TestFailWritesOneLine(t *testing.T) {
+	b := &fakeBackend{}
+	_, addr := startServer(t, Config{Backend: b})
+	c, r := dial(t, addr)
+	if _, err := c.Write([]byte("A w later 1000 5000\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.parked) == 1 })
+	parked := b.parked[0]
+	line := []byte("E unavailable gone\n")
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { parked.Fail(line) })
+	}
+	wg.Wait()
+	if got := readLine(t, r); got != "E unavailable gone" {
+		t.Fatalf("got %q, want the E line", got)
+	}
+	if extra, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("got %q after the E line, want the connection closed", extra)
+	}
+}
