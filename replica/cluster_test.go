@@ -323,13 +323,33 @@ func TestClusterWithoutQuorumAnswersUnavailable(t *testing.T) {
 	for _, l := range []*line{h, w} {
 		l.expect("E unavailable a shard of this request has no quorum; outcome unknown, try another node")
 		_ = l.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := l.r.ReadString('\n'); err == nil {
-			t.Fatal("connection still open after E")
+		if extra, err := l.r.ReadString('\n'); err == nil {
+			t.Fatalf("connection still open after E: %q", extra)
 		}
 	}
 	if d := time.Since(start); d > 6*time.Second {
 		t.Fatalf("E after %v", d)
 	}
+}
+
+// A node that knows no leader for a shard (here its peers are down; a cut
+// from the leader alone does the same) answers E unavailable once the
+// leaderless timeout has passed, not after the unavailable timeout, so
+// that its clients move to a node that can serve them.
+func TestClusterLeaderlessAnswersUnavailableEarly(t *testing.T) {
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = time.Minute })
+	h := c.dial(0)
+	h.send("A h k 60000 0")
+	h.expect("A 1 h k")
+	c.stop(1)
+	c.stop(2)
+	start := time.Now()
+	h.send("A o j 1000 0")
+	h.expect("E unavailable a shard of this request has no quorum; outcome unknown, try another node")
+	// The expect above waits 10s at most, a sixth of the unavailable
+	// timeout: against the leaderless timeout (4 election timeouts, 1.2s)
+	// plus an election timeout to lose the leader, a wide margin.
+	t.Logf("E unavailable after %v", time.Since(start))
 }
 
 func TestClusterLaggingNodeCatchesUpFromSnapshot(t *testing.T) {

@@ -41,6 +41,7 @@ type Options struct {
 	ElectionRTT        uint64        // ticks; default 30
 	MaxClockSkew       time.Duration // default 500ms
 	UnavailableTimeout time.Duration // default 5s
+	LeaderlessTimeout  time.Duration // the same where this node knows no leader; default 4 election timeouts
 	ProposeTimeout     time.Duration // one attempt; default two election timeouts
 	SnapshotEntries    uint64        // log entries between snapshots; default 20000
 
@@ -86,6 +87,10 @@ func (o *Options) validate() error {
 	if o.UnavailableTimeout <= 0 {
 		o.UnavailableTimeout = 5 * time.Second
 	}
+	if o.LeaderlessTimeout <= 0 {
+		o.LeaderlessTimeout = 4 * o.election()
+	}
+	o.LeaderlessTimeout = min(o.LeaderlessTimeout, o.UnavailableTimeout)
 	if o.ProposeTimeout <= 0 {
 		// A leader that starts a transfer drops proposals until the new
 		// leader is elected or an election timeout has passed (a target
@@ -172,6 +177,8 @@ type group struct {
 	out netloop.Outbox // deliver's; the shard's apply goroutine only
 
 	leader     atomic.Uint64 // leader's node id; 0: none known
+	leaderless atomic.Int64  // since when no leader is known (unix ns; 0: one is)
+	gaveUpLog  atomic.Int64  // unix ns of the last logGiveUp line
 	changeMu   sync.Mutex
 	changeCh   chan struct{} // closed and replaced at each leader change
 	term       atomic.Uint64
@@ -447,6 +454,33 @@ func (g *group) floor() uint64 {
 	return f
 }
 
+// leaderlessFor is how long this node has known no leader for the shard. A
+// node cut off from the leader (a partition, or a bridge: the leader and a
+// third node still see each other, so no election ends it) stays so, and
+// its requests can go to another node instead of waiting out the
+// unavailable timeout. An election passes through it briefly: a few
+// ticks, an election timeout more when a vote fails.
+func (g *group) leaderlessFor() time.Duration {
+	since := g.leaderless.Load()
+	if since == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, since))
+}
+
+// logGiveUp says why a batch's connections get E unavailable, once a
+// second per shard at most: a partition fails every batch.
+func (g *group) logGiveUp(waited, leaderless time.Duration) {
+	now := time.Now().UnixNano()
+	last := g.gaveUpLog.Load()
+	if now-last < int64(time.Second) || !g.gaveUpLog.CompareAndSwap(last, now) {
+		return
+	}
+	g.n.log.Warn("answering E unavailable: a proposal could not commit",
+		zap.Int("shard", g.idx), zap.Duration("waited", waited),
+		zap.Duration("no_leader_for", leaderless), zap.Uint64("leader", g.leader.Load()))
+}
+
 // leaderChanged returns a channel closed at the shard's next leader change.
 func (g *group) leaderChanged() <-chan struct{} {
 	g.changeMu.Lock()
@@ -509,10 +543,11 @@ func (g *group) proposer() {
 
 // propose gets a batch committed, retrying a proposal that timed out or was
 // dropped (a retry of a batch already applied is recognised by its id) until
-// the unavailable timeout. A
-// proposal in flight when the shard's leader changes was likely lost with
-// the old leader: it is retried at once rather than at its timeout. Every
-// attempt is a new buffer (Dragonboat may still hold the last one).
+// the unavailable timeout, or until this node has known no leader for the
+// shard for the leaderless timeout. A proposal in flight when the shard's
+// leader changes was likely lost with the old leader: it is retried at once
+// rather than at its timeout. Every attempt is a new buffer (Dragonboat may
+// still hold the last one).
 func (g *group) propose(h header, body []byte) bool {
 	n := g.n
 	start := time.Now()
@@ -520,7 +555,9 @@ func (g *group) propose(h header, body []byte) bool {
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			n.stats.retries.Add(1)
-			if time.Since(start) > n.opt.UnavailableTimeout {
+			waited, leaderless := time.Since(start), g.leaderlessFor()
+			if waited > n.opt.UnavailableTimeout || leaderless > n.opt.LeaderlessTimeout {
+				g.logGiveUp(waited, leaderless)
 				return false
 			}
 		}
@@ -783,6 +820,11 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	g := n.grps[info.ShardID-1]
 	prev := g.leader.Swap(info.LeaderID)
 	g.term.Store(info.Term)
+	if info.LeaderID == 0 {
+		g.leaderless.CompareAndSwap(0, time.Now().UnixNano())
+	} else {
+		g.leaderless.Store(0)
+	}
 	// An election or transfer passes through "no leader": compare with the
 	// last leader known.
 	if info.LeaderID != 0 {
