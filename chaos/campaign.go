@@ -134,7 +134,7 @@ func Run(cfg Config) (*Outcome, error) {
 		for range cfg.Workers[role] {
 			wid++
 			w := &worker{id: wid, role: role, rng: rand.New(rand.NewPCG(cfg.Seed, uint64(wid))), h: h, tg: tg, reg: reg,
-				stop: &stop, next: wid, conns: &conns}
+				stop: &stop, conns: &conns}
 			wg.Go(w.run)
 		}
 	}

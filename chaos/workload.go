@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/redial"
 )
 
 // Worker roles. Each worker owns one connection at a time and has at most
@@ -59,43 +61,53 @@ type worker struct {
 	stop  *atomic.Bool
 	c     *conn
 	seq   int
-	next  int // index into tg.nodes of the node to dial next
 	conns *atomic.Int64
+
+	// Redialling, as the Go client does (redial.Order): order holds the
+	// indexes into tg.nodes to try, at is the one tried or up now.
+	order    []int
+	at       int
+	failedAt []time.Time
 }
 
-// dial gets a connection, trying the nodes in turn from the worker's own,
+// dial gets a connection, trying the nodes in order, round and round,
 // until one answers or the campaign stops.
 func (w *worker) dial() bool {
+	if w.order == nil {
+		n := len(w.tg.nodes)
+		w.failedAt = make([]time.Time, n)
+		w.order = redial.Order(w.id%n, -1, w.failedAt, time.Now(), redial.RecentFailure)
+	}
 	for !w.stop.Load() {
 		if w.c != nil && !w.c.isBroken() {
 			return true
 		}
-		n := w.tg.nodes[w.next%len(w.tg.nodes)]
+		n := w.tg.nodes[w.order[w.at%len(w.order)]]
 		c, err := dialConn(w.h, int(w.conns.Add(1)), n.id, n.listen)
 		if err == nil {
 			w.c = c
 			return true
 		}
-		w.next++
+		w.at++
 		time.Sleep(time.Duration(50+w.rng.IntN(100)) * time.Millisecond)
 	}
 	return false
 }
 
 // after drops a broken connection. The next dial tries the worker's own
-// node first, unless that is the one lost (down or cut off: then the next
-// one), as the Go client does: the workers stay spread over the nodes
-// instead of gathering on one after a few restarts, where a fault of any
-// other node would meet no client.
+// node first, unless it or another broke a connection lately (down, cut
+// off, or without a leader for some shard), as the Go client does: the
+// workers stay spread over the nodes instead of gathering on one after a
+// few restarts, where a fault of any other node would meet no client, and
+// they leave the two sides of a bridge for the node that sees both.
 func (w *worker) after() {
 	if w.c != nil && w.c.isBroken() {
 		w.c = nil
 		n := len(w.tg.nodes)
-		if w.next%n != w.id%n {
-			w.next = w.id
-		} else {
-			w.next = w.id + 1
-		}
+		failed := w.order[w.at%len(w.order)]
+		now := time.Now()
+		w.failedAt[failed] = now
+		w.order, w.at = redial.Order(w.id%n, failed, w.failedAt, now, redial.RecentFailure), 0
 	}
 }
 

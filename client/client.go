@@ -333,7 +333,7 @@ func (cl *Client) ReleaseNoWait(l Lock) error {
 // other answer on that connection waits for it. It may call AcquireFunc,
 // ReleaseFunc and ReleaseNoWait, whose requests go out with the replies of
 // other callers to the same read; never Acquire or Release, whose answers
-// that goroutine would have to read.
+// that goroutine would have to read, nor Close, which waits for it.
 func (cl *Client) AcquireFunc(key string, lease, wait time.Duration, fn func(Lock, error)) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil func", ErrInvalid)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/internal/redial"
 )
 
 // A slot is one of the client's connections, across reconnects. Per live TCP
@@ -66,8 +67,10 @@ type slot struct {
 
 	// Owned by the run goroutine. home is the address connection i of a
 	// client starts on (i mod the addresses), so that the connections are
-	// spread; failed is the address whose connection broke last (-1: none).
+	// spread; failed is the address whose connection broke last (-1: none),
+	// failedAt when each one's last broke.
 	home, failed, cur int // cur: the address of the connection up or last up
+	failedAt          []time.Time
 	addr              string
 }
 
@@ -76,13 +79,14 @@ var closedCall = &call{}
 
 func newSlot(cl *Client, home int) *slot {
 	s := &slot{
-		cl:     cl,
-		wake:   make(chan struct{}, 1),
-		acq:    make(map[uint64]*call),
-		named:  make(map[string]*call),
-		rel:    make(map[uint64]*call),
-		home:   home,
-		failed: -1,
+		cl:       cl,
+		wake:     make(chan struct{}, 1),
+		acq:      make(map[uint64]*call),
+		named:    make(map[string]*call),
+		rel:      make(map[uint64]*call),
+		home:     home,
+		failed:   -1,
+		failedAt: make([]time.Time, len(cl.addrs)),
 	}
 	s.head.Store(closedCall)
 	return s
@@ -121,15 +125,15 @@ func (s *slot) closeConn() {
 	s.ncMu.Unlock()
 }
 
-// dial tries every address once, in dialOrder. Going back to its own
+// dial tries every address once, in redial.Order. Going back to its own
 // address after a move is worth a short wait only: a node cut off by the
 // network, rather than down, does not refuse but lets the attempt time out.
 // So that attempt gets a tenth of the dial timeout, and the address is
 // tried again with all of it after the others.
 func (s *slot) dial(ctx context.Context) (net.Conn, error) {
 	addrs := s.cl.addrs
-	order := dialOrder(len(addrs), s.home, s.failed)
-	back := s.failed >= 0 && s.failed != s.home
+	order := redial.Order(s.home, s.failed, s.failedAt, time.Now(), recentFailure)
+	back := s.failed >= 0 && s.failed != s.home && order[0] == s.home
 	if back {
 		order = append(order, s.home)
 	}
@@ -159,33 +163,9 @@ func (s *slot) dial(ctx context.Context) (net.Conn, error) {
 	return nil, &ConnError{Addr: s.cl.addrList, Err: err}
 }
 
-// dialOrder is the order in which a slot tries n addresses: its own (home)
-// first, unless that is the one whose connection broke (failed; -1: none);
-// then the others in turn after the failed one; the failed one last. A
-// cluster node that broke the connection (it stopped, or answered E
-// unavailable: no quorum there) is the one to avoid; and a connection that
-// moved off its own node goes back there at its next break, so that a
-// rolling restart (nodes 1, 2, 3 in turn) does not leave every connection
-// of every client on one node.
-func dialOrder(n, home, failed int) []int {
-	order := make([]int, 0, n)
-	if home != failed {
-		order = append(order, home)
-	}
-	from := failed
-	if failed < 0 {
-		from = home
-	}
-	for k := 1; k <= n; k++ {
-		if j := (from + k) % n; j != home && j != failed {
-			order = append(order, j)
-		}
-	}
-	if failed >= 0 {
-		order = append(order, failed)
-	}
-	return order
-}
+// recentFailure is how long an address whose connection broke goes after
+// the others when a slot redials (see redial.Order). A variable for tests.
+var recentFailure = redial.RecentFailure
 
 // run serves nc (if not nil), then redials with backoff until Close.
 func (s *slot) run(nc net.Conn) {
@@ -197,6 +177,7 @@ func (s *slot) run(nc net.Conn) {
 			s.serve(nc)
 			nc = nil
 			s.failed = s.cur
+			s.failedAt[s.cur] = time.Now()
 		}
 		if s.cl.closed.Load() {
 			return

@@ -66,10 +66,13 @@
 // A broken connection is redialled in the background with backoff: first
 // its own address, unless that is the one it lost (with a tenth of the dial
 // timeout, as a node cut off by the network does not refuse); then the
-// others in turn after the one it lost (a cluster node that answered E
-// unavailable has no quorum for some shard), which comes last. So a
-// connection that had to move goes back to its own node at its next break,
-// and a rolling restart does not leave every connection on one node.
+// others in turn after the one it lost; last the one it lost and any other
+// whose connection broke in the last 5 s (a cluster node that answered E
+// unavailable has no quorum, or no leader, for some shard). So a connection
+// that had to move goes back to its own node at its next break, a rolling
+// restart does not leave every connection on one node, and a connection
+// that two nodes fail in turn (a bridge: two nodes cut apart, the third
+// sees both) goes to the third instead of back and forth.
 // While it is down, calls go to the other connections, or fail at once with
 // a *ConnError (Unknown false) when none is up.
 //

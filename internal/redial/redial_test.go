@@ -1,27 +1,40 @@
-package client
+package redial
 
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
-func TestDialOrder(t *testing.T) {
+func TestOrder(t *testing.T) {
+	now := time.Now()
+	ago := func(d time.Duration) time.Time { return now.Add(-d) }
+	var never time.Time
+	old := ago(RecentFailure + time.Second)
 	for _, tc := range []struct {
-		n, home, failed int
-		want            []int
+		name     string
+		home     int
+		failed   int
+		failedAt []time.Time
+		want     []int
 	}{
-		{1, 0, -1, []int{0}},
-		{1, 0, 0, []int{0}},
-		{3, 0, -1, []int{0, 1, 2}},
-		{3, 1, -1, []int{1, 2, 0}},
-		{3, 0, 0, []int{1, 2, 0}}, // its own broke: the next one, its own last
-		{3, 0, 1, []int{0, 2, 1}}, // moved to 1, which broke: home first
-		{3, 0, 2, []int{0, 1, 2}},
-		{3, 2, 0, []int{2, 1, 0}},
-		{5, 1, 3, []int{1, 4, 0, 2, 3}},
+		{"one address", 0, -1, []time.Time{never}, []int{0}},
+		{"one address, broke", 0, 0, []time.Time{ago(0)}, []int{0}},
+		{"first dial", 0, -1, []time.Time{never, never, never}, []int{0, 1, 2}},
+		{"first dial, home 1", 1, -1, []time.Time{never, never, never}, []int{1, 2, 0}},
+		{"its own broke: the next one, its own last", 0, 0, []time.Time{ago(0), never, never}, []int{1, 2, 0}},
+		{"moved to 1, which broke: home first", 0, 1, []time.Time{old, ago(0), never}, []int{0, 2, 1}},
+		{"moved to 2, which broke", 0, 2, []time.Time{old, never, ago(0)}, []int{0, 1, 2}},
+		{"home 2, 0 broke", 2, 0, []time.Time{ago(0), never, never}, []int{2, 1, 0}},
+		{"five addresses", 1, 3, []time.Time{never, old, never, ago(0), never}, []int{1, 4, 0, 2, 3}},
+		// A bridge: its own broke, then the next one: the third, then the
+		// two that broke, the earlier first.
+		{"own and next broke", 0, 1, []time.Time{ago(2 * time.Second), ago(0), never}, []int{2, 0, 1}},
+		{"all broke", 0, 1, []time.Time{ago(time.Second), ago(0), ago(2 * time.Second)}, []int{2, 0, 1}},
+		{"failures forgotten", 0, 1, []time.Time{old, old, never}, []int{0, 2, 1}},
 	} {
-		if got := dialOrder(tc.n, tc.home, tc.failed); !slices.Equal(got, tc.want) {
-			t.Errorf("dialOrder(%d, home %d, failed %d) = %v, want %v", tc.n, tc.home, tc.failed, got, tc.want)
+		if got := Order(tc.home, tc.failed, tc.failedAt, now, RecentFailure); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Order(home %d, failed %d) = %v, want %v", tc.name, tc.home, tc.failed, got, tc.want)
 		}
 	}
 }

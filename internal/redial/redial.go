@@ -1,0 +1,52 @@
+// Package redial orders the addresses a broken connection tries next, for
+// the Go client and the fault campaign's workers alike.
+package redial
+
+import (
+	"slices"
+	"time"
+)
+
+// RecentFailure is how long an address whose connection broke goes after
+// the others.
+const RecentFailure = 5 * time.Second
+
+// Order is the order in which a connection tries its addresses (one per
+// entry of failedAt, the time each one's connection last broke). The one
+// whose connection broke last (failed; -1: none), and any that broke within
+// recent of now, go last, the latest last: a cluster node that broke the
+// connection (it stopped, or answered E unavailable: no quorum or no leader
+// there for some shard) is the one to avoid. Before them: its own (home)
+// first, then the others in turn after failed. So a connection that moved
+// off its own node goes back there at its next break, and a rolling restart
+// (nodes 1, 2, 3 in turn) does not leave every connection of every client
+// on one node; and where two nodes fail it (a bridge: two nodes cut apart,
+// each without a leader for the shards the other leads) it goes to the
+// third rather than back and forth between them.
+func Order(home, failed int, failedAt []time.Time, now time.Time, recent time.Duration) []int {
+	n := len(failedAt)
+	avoid := func(j int) bool {
+		return j == failed || !failedAt[j].IsZero() && now.Sub(failedAt[j]) < recent
+	}
+	order := make([]int, 0, n)
+	if !avoid(home) {
+		order = append(order, home)
+	}
+	from := failed
+	if failed < 0 {
+		from = home
+	}
+	for k := 1; k <= n; k++ {
+		if j := (from + k) % n; j != home && !avoid(j) {
+			order = append(order, j)
+		}
+	}
+	late := len(order)
+	for j := range n {
+		if avoid(j) {
+			order = append(order, j)
+		}
+	}
+	slices.SortStableFunc(order[late:], func(a, b int) int { return failedAt[a].Compare(failedAt[b]) })
+	return order
+}
