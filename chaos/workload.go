@@ -64,10 +64,12 @@ type worker struct {
 	conns *atomic.Int64
 
 	// Redialling, as the Go client does (redial.Order): order holds the
-	// indexes into tg.nodes to try, at is the one tried or up now.
+	// indexes into tg.nodes to try, at is the one tried or up now, since
+	// when it has been up.
 	order    []int
 	at       int
 	failedAt []time.Time
+	upSince  time.Time
 }
 
 // dial gets a connection, trying the nodes in order, round and round,
@@ -80,12 +82,13 @@ func (w *worker) dial() bool {
 	}
 	for !w.stop.Load() {
 		if w.c != nil && !w.c.isBroken() {
+			w.goHome()
 			return true
 		}
 		n := w.tg.nodes[w.order[w.at%len(w.order)]]
 		c, err := dialConn(w.h, int(w.conns.Add(1)), n.id, n.listen)
 		if err == nil {
-			w.c = c
+			w.c, w.upSince = c, time.Now()
 			return true
 		}
 		w.at++
@@ -109,6 +112,26 @@ func (w *worker) after() {
 		w.failedAt[failed] = now
 		w.order, w.at = redial.Order(w.id%n, failed, w.failedAt, now, redial.RecentFailure), 0
 	}
+}
+
+// goHome moves a worker that has been off its own node for
+// redial.GoHomeAfter back there if it answers, as the Go client does;
+// between requests, with nothing in flight to lose.
+func (w *worker) goHome() {
+	n := len(w.tg.nodes)
+	home := w.id % n
+	if w.order[w.at%len(w.order)] == home || time.Since(w.upSince) < redial.GoHomeAfter {
+		return
+	}
+	w.upSince = time.Now() // if home does not answer, try again later
+	nd := w.tg.nodes[home]
+	c, err := dialConn(w.h, int(w.conns.Add(1)), nd.id, nd.listen)
+	if err != nil {
+		return
+	}
+	w.c.close()
+	w.c = c
+	w.order, w.at = redial.Order(home, -1, w.failedAt, time.Now(), redial.RecentFailure), 0
 }
 
 func (w *worker) timeout(waitMs uint64) time.Duration {

@@ -72,6 +72,12 @@ type slot struct {
 	home, failed, cur int // cur: the address of the connection up or last up
 	failedAt          []time.Time
 	addr              string
+
+	// Going home (see goHome): while moving is set, new requests stay
+	// queued, and once nothing is pending on the connection, homeConn (a
+	// connection to home, guarded by ncMu) takes its place and sends them.
+	moving   atomic.Bool
+	homeConn net.Conn
 }
 
 // closedCall marks the stack of a slot whose connection is down.
@@ -176,6 +182,18 @@ func (s *slot) run(nc net.Conn) {
 			attempt = 0
 			s.serve(nc)
 			nc = nil
+			s.ncMu.Lock()
+			next := s.homeConn
+			s.homeConn = nil
+			s.ncMu.Unlock()
+			if next != nil && !s.cl.closed.Load() {
+				nc, s.cur, s.addr, s.failed = next, s.home, s.cl.addrs[s.home], -1
+				continue // moved home: nothing failed
+			}
+			if next != nil {
+				next.Close()
+				s.failUnsent(ErrClosed) // what serve left queued for next
+			}
 			s.failed = s.cur
 			s.failedAt[s.cur] = time.Now()
 		}
@@ -211,17 +229,29 @@ func (s *slot) serve(nc net.Conn) {
 
 	// Open the stack before the writer starts: the writer must never take
 	// the closed mark for a call.
+	s.moving.Store(false)
 	s.head.CompareAndSwap(closedCall, nil)
 	s.try.reset(nc)
 	stop := make(chan struct{})
 	wdone := make(chan struct{})
 	go s.writeLoop(nc, stop, wdone)
+	if s.head.Load() != nil {
+		s.wakeWriter() // requests queued while the last connection drained
+	}
+	var hdone chan struct{}
+	if s.cur != s.home {
+		hdone = make(chan struct{})
+		go s.goHome(nc, stop, hdone)
+	}
 
 	err := s.readLoop(nc)
 
 	close(stop)
 	nc.Close()
 	<-wdone
+	if hdone != nil {
+		<-hdone
+	}
 	s.ncMu.Lock()
 	s.nc = nil
 	s.ncMu.Unlock()
@@ -229,18 +259,14 @@ func (s *slot) serve(nc net.Conn) {
 		err = ErrClosed
 	}
 
-	// Requests never written: another connection may carry them; if none
-	// is up they fail as certainly not carried out.
-	for c := s.head.Swap(closedCall); c != nil; {
-		next := c.next
-		c.next = nil
-		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) {
-			c = next
-			continue
-		}
-		c.err = &ConnError{Addr: s.addr, Err: err}
-		s.finish(c)
-		c = next
+	// Requests never written: the connection home takes them when this
+	// one made way for it; else another connection may carry them, and if
+	// none is up they fail as certainly not carried out.
+	s.ncMu.Lock()
+	switching := s.homeConn != nil
+	s.ncMu.Unlock()
+	if !switching || s.cl.closed.Load() {
+		s.failUnsent(err)
 	}
 
 	// Requests written and unanswered: the server may have acted on them.
@@ -265,6 +291,22 @@ func (s *slot) serve(nc net.Conn) {
 		c.next = nil
 		c.err = &ConnError{Addr: s.addr, Unknown: true, Err: err}
 		s.finish(c)
+	}
+}
+
+// failUnsent closes the slot's queue and hands what it held to another
+// connection, or fails it with err as not sent.
+func (s *slot) failUnsent(err error) {
+	for c := s.head.Swap(closedCall); c != nil; {
+		next := c.next
+		c.next = nil
+		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) {
+			c = next
+			continue
+		}
+		c.err = &ConnError{Addr: s.addr, Err: err}
+		s.finish(c)
+		c = next
 	}
 }
 
@@ -302,6 +344,76 @@ func (s *slot) finish(c *call) {
 	putCall(c)
 }
 
+// goHome runs while the slot's connection nc is off its own address: every
+// goHomeAfter it dials home, and once that succeeds it holds new requests
+// back (queued, in order), waits until every request sent on nc has its
+// answer, and hands the new connection over in nc's place, which sends
+// them. So connections that moved during a node's outage spread again once
+// it is back, instead of waiting for a break that may never come, and no
+// request fails for it. If nc does not drain within drainLimit (acquires
+// queued for long waits), it sends again and tries later.
+func (s *slot) goHome(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		d := goHomeAfter/2 + rand.N(goHomeAfter/2+1) // jitter: clients that moved together do not all return at once
+		select {
+		case <-stop:
+			return
+		case <-time.After(d):
+		}
+		var dl net.Dialer
+		ctx, cancel := context.WithTimeout(s.cl.ctx, s.cl.cfg.dialTimeout/10)
+		hc, err := dl.DialContext(ctx, "tcp", s.cl.addrs[s.home])
+		cancel()
+		if err != nil {
+			continue
+		}
+		s.moving.Store(true)
+		if s.drained(stop) {
+			s.ncMu.Lock()
+			s.homeConn = hc
+			s.ncMu.Unlock()
+			nc.Close()
+			return
+		}
+		s.moving.Store(false)
+		s.wakeWriter()
+		hc.Close()
+	}
+}
+
+// drained waits until no request sent on the slot's connection is
+// unanswered (true), or drainLimit passes or stop closes (false).
+func (s *slot) drained(stop <-chan struct{}) bool {
+	limit := time.Now().Add(drainLimit)
+	for {
+		// The writer may be writing a batch it took before moving was
+		// set: its lock, then the pending maps, see it done.
+		s.wmu.Lock()
+		s.mu.Lock()
+		idle := len(s.acq) == 0 && len(s.named) == 0 && len(s.rel) == 0 && len(s.w.rest) == 0
+		s.mu.Unlock()
+		s.wmu.Unlock()
+		if idle {
+			return true
+		}
+		if time.Now().After(limit) {
+			return false
+		}
+		select {
+		case <-stop:
+			return false
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// goHomeAfter and drainLimit pace goHome. (Variables for tests.)
+var (
+	goHomeAfter = redial.GoHomeAfter
+	drainLimit  = time.Second
+)
+
 // writeLoop encodes and writes batches of queued requests until stop.
 func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{}) {
 	defer close(wdone)
@@ -313,7 +425,7 @@ func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{
 			return
 		}
 		s.wmu.Lock()
-		for len(s.w.rest) > 0 || s.head.Load() != nil {
+		for len(s.w.rest) > 0 || s.head.Load() != nil && !s.moving.Load() {
 			// Callers that were just woken are about to push their next
 			// requests: let them run first, and write all of it at once.
 			// One write per request would cost a syscall each.
@@ -386,6 +498,9 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 			nc.Close()
 			return false
 		}
+	}
+	if s.moving.Load() {
+		return true // held for the connection home (goHome)
 	}
 	h := s.head.Swap(nil)
 	if h == nil {

@@ -72,9 +72,15 @@
 // that had to move goes back to its own node at its next break, a rolling
 // restart does not leave every connection on one node, and a connection
 // that two nodes fail in turn (a bridge: two nodes cut apart, the third
-// sees both) goes to the third instead of back and forth.
-// While it is down, calls go to the other connections, or fail at once with
-// a *ConnError (Unknown false) when none is up.
+// sees both) goes to the third instead of back and forth. While a
+// connection is down, calls go to the other connections, or fail at once
+// with a *ConnError (Unknown false) when none is up.
+//
+// A connection off its own address tries every 10 s to go back; once its
+// own node answers, it holds new calls back for the moment it takes the
+// answers to those already sent to arrive, then sends them on the new
+// connection. So connections spread over the nodes again after an outage,
+// and no call fails for it.
 //
 // # Contexts
 //

@@ -9,3 +9,12 @@ func SetRecentFailure(d time.Duration) time.Duration {
 	recentFailure = d
 	return old
 }
+
+// SetGoHome sets how often a connection off its own address tries to go
+// back, and how long it waits for its requests to drain; it returns a
+// func that restores both.
+func SetGoHome(after, limit time.Duration) (restore func()) {
+	a, l := goHomeAfter, drainLimit
+	goHomeAfter, drainLimit = after, limit
+	return func() { goHomeAfter, drainLimit = a, l }
+}

@@ -11,6 +11,10 @@ import (
 // the others.
 const RecentFailure = 5 * time.Second
 
+// GoHomeAfter is how often a connection that is not on its own address
+// tries to go back there.
+const GoHomeAfter = 10 * time.Second
+
 // Order is the order in which a connection tries its addresses (one per
 // entry of failedAt, the time each one's connection last broke). The one
 // whose connection broke last (failed; -1: none), and any that broke within

@@ -1,0 +1,151 @@
+package client_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/client"
+)
+
+// tokenNode is a fake node that grants every acquire with its own id as
+// the token (after delay, for keys starting with "slow") and releases every
+// release.
+func tokenNode(t *testing.T, ln net.Listener, id int, delay time.Duration) {
+	t.Helper()
+	serve := func(nc net.Conn) {
+		defer nc.Close()
+		r := bufio.NewReader(nc)
+		for f := readFields(t, r); f != nil; f = readFields(t, r) {
+			switch {
+			case f[0] == "A" && len(f[2]) >= 4 && f[2][:4] == "slow":
+				time.Sleep(delay)
+				fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
+			case f[0] == "A":
+				fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
+			case f[0] == "R":
+				fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+			}
+		}
+	}
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(nc)
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+}
+
+// downAddr reserves a loopback address with nothing listening on it.
+func downAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func listenOn(t *testing.T, addr string) net.Listener {
+	for range 50 {
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			return ln
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("cannot listen on %s again", addr)
+	return nil
+}
+
+// A connection whose own node was down when it dialled (or that moved off
+// it) goes back once the node is up, with no call failing on the way.
+func TestGoesHomeOnceBack(t *testing.T) {
+	t.Cleanup(client.SetGoHome(20*time.Millisecond, time.Second))
+	home := downAddr(t)
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenNode(t, other, 2, 0)
+	cl := dial(t, home+","+other.Addr().String(), client.WithConns(1))
+	ctx := testCtx(t)
+	acquire := func() uint64 {
+		t.Helper()
+		l, err := cl.Acquire(ctx, "k", time.Second, 0)
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if err := cl.Release(ctx, l); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		return l.Token
+	}
+	if tok := acquire(); tok != 2 {
+		t.Fatalf("answered by node %d with node 1 down, want 2", tok)
+	}
+	tokenNode(t, listenOn(t, home), 1, 0)
+	deadline := time.Now().Add(10 * time.Second)
+	for acquire() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("still on node 2 after 10s with node 1 back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Going home waits for the answers to what was sent on the old connection;
+// calls made meanwhile wait too, then go out on the new one.
+func TestGoingHomeDrainsFirst(t *testing.T) {
+	t.Cleanup(client.SetGoHome(50*time.Millisecond, 5*time.Second))
+	home := downAddr(t)
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenNode(t, other, 2, 400*time.Millisecond)
+	cl := dial(t, home+","+other.Addr().String(), client.WithConns(1))
+	tokenNode(t, listenOn(t, home), 1, 400*time.Millisecond)
+	ctx := testCtx(t)
+
+	// Slow acquires keep the old connection busy past goHomeAfter; quick
+	// ones go on beside them. Every call must succeed; the quick ones end
+	// up on node 1.
+	var failed atomic.Pointer[error]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 5; i++ {
+			if _, err := cl.Acquire(ctx, "slow-"+strconv.Itoa(i), time.Second, 0); err != nil {
+				failed.CompareAndSwap(nil, &err)
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		l, err := cl.Acquire(ctx, "quick-"+strconv.Itoa(i), time.Second, 0)
+		if err != nil {
+			t.Fatalf("quick Acquire %d: %v", i, err)
+		}
+		if l.Token == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still on node 2 after 10s with node 1 up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	<-done
+	if p := failed.Load(); p != nil {
+		t.Fatalf("slow Acquire: %v", *p)
+	}
+}
