@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,7 +23,7 @@ func tokenNode(t *testing.T, ln net.Listener, id int, delay time.Duration) {
 		r := bufio.NewReader(nc)
 		for f := readFields(t, r); f != nil; f = readFields(t, r) {
 			switch {
-			case f[0] == "A" && len(f[2]) >= 4 && f[2][:4] == "slow":
+			case f[0] == "A" && strings.HasPrefix(f[2], "slow"):
 				time.Sleep(delay)
 				fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
 			case f[0] == "A":
