@@ -70,6 +70,7 @@ type worker struct {
 	at       int
 	failedAt []time.Time
 	upSince  time.Time
+	pace     redial.Home
 }
 
 // dial gets a connection, trying the nodes in order, round and round,
@@ -110,17 +111,18 @@ func (w *worker) after() {
 		failed := w.order[w.at%len(w.order)]
 		now := time.Now()
 		w.failedAt[failed] = now
+		w.pace.Broke(now, failed == w.id%n)
 		w.order, w.at = redial.Order(w.id%n, failed, w.failedAt, now, redial.RecentFailure), 0
 	}
 }
 
-// goHome moves a worker that has been off its own node for
-// redial.GoHomeAfter back there if it answers, as the Go client does;
-// between requests, with nothing in flight to lose.
+// goHome moves a worker that has been off its own node for a while
+// (redial.Home) back there if it answers, as the Go client does; between
+// requests, with nothing in flight to lose.
 func (w *worker) goHome() {
 	n := len(w.tg.nodes)
 	home := w.id % n
-	if w.order[w.at%len(w.order)] == home || time.Since(w.upSince) < redial.GoHomeAfter {
+	if w.order[w.at%len(w.order)] == home || time.Since(w.upSince) < w.pace.After() {
 		return
 	}
 	w.upSince = time.Now() // if home does not answer, try again later
@@ -131,7 +133,9 @@ func (w *worker) goHome() {
 	}
 	w.c.close()
 	w.c = c
-	w.order, w.at = redial.Order(home, -1, w.failedAt, time.Now(), redial.RecentFailure), 0
+	now := time.Now()
+	w.pace.Arrived(now)
+	w.order, w.at = redial.Order(home, -1, w.failedAt, now, redial.RecentFailure), 0
 }
 
 func (w *worker) timeout(waitMs uint64) time.Duration {

@@ -78,6 +78,7 @@ type slot struct {
 	// connection to home, guarded by ncMu) takes its place and sends them.
 	moving   atomic.Bool
 	homeConn net.Conn
+	homePace redial.Home // run goroutine only, read by goHome while serve runs
 }
 
 // closedCall marks the stack of a slot whose connection is down.
@@ -93,6 +94,7 @@ func newSlot(cl *Client, home int) *slot {
 		home:     home,
 		failed:   -1,
 		failedAt: make([]time.Time, len(cl.addrs)),
+		homePace: redial.Home{Every: goHomeAfter},
 	}
 	s.head.Store(closedCall)
 	return s
@@ -188,14 +190,17 @@ func (s *slot) run(nc net.Conn) {
 			s.ncMu.Unlock()
 			if next != nil && !s.cl.closed.Load() {
 				nc, s.cur, s.addr, s.failed = next, s.home, s.cl.addrs[s.home], -1
+				s.homePace.Arrived(time.Now())
 				continue // moved home: nothing failed
 			}
 			if next != nil {
 				next.Close()
 				s.failUnsent(ErrClosed) // what serve left queued for next
 			}
+			now := time.Now()
 			s.failed = s.cur
-			s.failedAt[s.cur] = time.Now()
+			s.failedAt[s.cur] = now
+			s.homePace.Broke(now, s.cur == s.home)
 		}
 		if s.cl.closed.Load() {
 			return
@@ -345,17 +350,18 @@ func (s *slot) finish(c *call) {
 }
 
 // goHome runs while the slot's connection nc is off its own address: every
-// goHomeAfter it dials home, and once that succeeds it holds new requests
-// back (queued, in order), waits until every request sent on nc has its
-// answer, and hands the new connection over in nc's place, which sends
-// them. So connections that moved during a node's outage spread again once
-// it is back, instead of waiting for a break that may never come, and no
-// request fails for it. If nc does not drain within drainLimit (acquires
+// homePace.After() it dials home, and once that succeeds it holds new
+// requests back (queued, in order), waits until every request sent on nc
+// has its answer, and hands the new connection over in nc's place, which
+// sends them. So connections that moved during a node's outage spread again
+// once it is back, instead of waiting for a break that may never come, and
+// no request fails for it. If nc does not drain within drainLimit (acquires
 // queued for long waits), it sends again and tries later.
 func (s *slot) goHome(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	every := s.homePace.After()
 	for {
-		d := goHomeAfter/2 + rand.N(goHomeAfter/2+1) // jitter: clients that moved together do not all return at once
+		d := every/2 + rand.N(every/2+1) // jitter: clients that moved together do not all return at once
 		select {
 		case <-stop:
 			return

@@ -76,11 +76,13 @@
 // connection is down, calls go to the other connections, or fail at once
 // with a *ConnError (Unknown false) when none is up.
 //
-// A connection off its own address tries every 10 s to go back; once its
-// own node answers, it holds new calls back for the moment it takes the
-// answers to those already sent to arrive, then sends them on the new
-// connection. So connections spread over the nodes again after an outage,
-// and no call fails for it.
+// A connection off its own address tries every 10 s to go back (less
+// often, down to every 5 min, while its node breaks it again soon after
+// each return: a node cut off from the others still accepts connections);
+// once its own node answers, it holds new calls back for the moment it
+// takes the answers to those already sent to arrive, then sends them on
+// the new connection. So connections spread over the nodes again after an
+// outage, and no call fails for it.
 //
 // # Contexts
 //

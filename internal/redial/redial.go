@@ -54,3 +54,41 @@ func Order(home, failed int, failedAt []time.Time, now time.Time, recent time.Du
 	slices.SortStableFunc(order[late:], func(a, b int) int { return failedAt[a].Compare(failedAt[b]) })
 	return order
 }
+
+// Home paces a connection's returns to its own address. A return that
+// ends in a break within Every (the node accepts connections but cannot
+// serve: cut off from the leader, say) doubles the time to the next one,
+// up to 32 times Every; a stay at home that lasts resets it. So a
+// connection does not go back every 10 s to a node that fails each request
+// it is sent for minutes on end.
+type Home struct {
+	Every     time.Duration // 0: GoHomeAfter
+	doublings int
+	arrived   time.Time
+}
+
+func (h *Home) every() time.Duration {
+	if h.Every > 0 {
+		return h.Every
+	}
+	return GoHomeAfter
+}
+
+// After is how long to wait, off home, before trying to return.
+func (h *Home) After() time.Duration { return h.every() << h.doublings }
+
+// Arrived records a return home at now.
+func (h *Home) Arrived(now time.Time) { h.arrived = now }
+
+// Broke records that the connection broke at now, on its own address
+// (atHome) or not.
+func (h *Home) Broke(now time.Time, atHome bool) {
+	switch {
+	case !atHome || h.arrived.IsZero():
+	case now.Sub(h.arrived) < h.every():
+		h.doublings = min(h.doublings+1, 5)
+	default:
+		h.doublings = 0
+	}
+	h.arrived = time.Time{}
+}

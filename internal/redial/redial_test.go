@@ -38,3 +38,30 @@ func TestOrder(t *testing.T) {
 		}
 	}
 }
+
+func TestHome(t *testing.T) {
+	var h Home // Every 0: GoHomeAfter
+	now := time.Now()
+	if h.After() != GoHomeAfter {
+		t.Fatalf("first wait %v, want %v", h.After(), GoHomeAfter)
+	}
+	// Back home, failed at once, again and again: the wait doubles, to 32x.
+	for i, want := range []time.Duration{2, 4, 8, 16, 32, 32} {
+		h.Arrived(now)
+		now = now.Add(time.Second)
+		h.Broke(now, true)
+		if got := h.After(); got != want*GoHomeAfter {
+			t.Fatalf("after %d quick failures: %v, want %v", i+1, got, want*GoHomeAfter)
+		}
+	}
+	// A break off home changes nothing; a long stay at home resets it.
+	h.Broke(now, false)
+	if got := h.After(); got != 32*GoHomeAfter {
+		t.Fatalf("after a break off home: %v, want %v", got, 32*GoHomeAfter)
+	}
+	h.Arrived(now)
+	h.Broke(now.Add(GoHomeAfter), true)
+	if got := h.After(); got != GoHomeAfter {
+		t.Fatalf("after a long stay: %v, want %v", got, GoHomeAfter)
+	}
+}
