@@ -347,8 +347,8 @@ func TestClusterLeaderlessAnswersUnavailableEarly(t *testing.T) {
 	h.send("A o j 1000 0")
 	h.expect("E unavailable a shard of this request has no quorum; outcome unknown, try another node")
 	// The expect above waits 10s at most, a sixth of the unavailable
-	// timeout: against the leaderless timeout (4 election timeouts, 1.2s)
-	// plus an election timeout to lose the leader, a wide margin.
+	// timeout: against the leaderless timeout (four election timeouts,
+	// 0.8s here) plus an election timeout to lose the leader, a wide margin.
 	t.Logf("E unavailable after %v", time.Since(start))
 }
 
