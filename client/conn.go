@@ -302,7 +302,11 @@ func (s *slot) serve(nc net.Conn) {
 // failUnsent closes the slot's queue and hands what it held to another
 // connection, or fails it with err as not sent.
 func (s *slot) failUnsent(err error) {
-	for c := s.head.Swap(closedCall); c != nil; {
+	c := s.head.Swap(closedCall)
+	if c == closedCall {
+		return // closed before, and emptied then
+	}
+	for c != nil {
 		next := c.next
 		c.next = nil
 		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) {
