@@ -359,8 +359,9 @@ func (s *slot) finish(c *call) {
 // has its answer, and hands the new connection over in nc's place, which
 // sends them. So connections that moved during a node's outage spread again
 // once it is back, instead of waiting for a break that may never come, and
-// no request fails for it. If nc does not drain within drainLimit (acquires
-// queued for long waits), it sends again and tries later.
+// no request fails for it. It does not start while an acquire that may
+// wait in the server's queue is pending, and if nc does not drain within
+// drainLimit (a slow commit), it sends again and tries later.
 func (s *slot) goHome(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	every := s.homePace.After()
@@ -370,6 +371,9 @@ func (s *slot) goHome(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
 		case <-stop:
 			return
 		case <-time.After(d):
+		}
+		if s.queuedAcquires() {
+			continue // they may wait long: holding new calls behind them would too
 		}
 		var dl net.Dialer
 		ctx, cancel := context.WithTimeout(s.cl.ctx, s.cl.cfg.dialTimeout/10)
@@ -390,6 +394,24 @@ func (s *slot) goHome(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
 		s.wakeWriter()
 		hc.Close()
 	}
+}
+
+// queuedAcquires tells whether an acquire that may wait in the server's
+// queue (wait > 0) is pending on the slot.
+func (s *slot) queuedAcquires() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.acq {
+		if c.waitMs > 0 {
+			return true
+		}
+	}
+	for _, c := range s.named {
+		if c.waitMs > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // drained waits until no request sent on the slot's connection is
@@ -421,7 +443,7 @@ func (s *slot) drained(stop <-chan struct{}) bool {
 // goHomeAfter and drainLimit pace goHome. (Variables for tests.)
 var (
 	goHomeAfter = redial.GoHomeAfter
-	drainLimit  = time.Second
+	drainLimit  = 250 * time.Millisecond
 )
 
 // writeLoop encodes and writes batches of queued requests until stop.

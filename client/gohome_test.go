@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,4 +150,75 @@ func TestGoingHomeDrainsFirst(t *testing.T) {
 	if p := failed.Load(); p != nil {
 		t.Fatalf("slow Acquire: %v", *p)
 	}
+}
+
+// While an acquire that may wait in the server's queue is pending, a
+// connection does not go home: holding new calls until the queued one is
+// answered would hold them for as long as it waits.
+func TestNoGoingHomeWhileAcquireQueued(t *testing.T) {
+	t.Cleanup(client.SetGoHome(10*time.Millisecond, 5*time.Second))
+	home := downAddr(t)
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Node 2 answers at once, except an acquire with a wait, which it
+	// grants 1.5 s later.
+	go func() {
+		for {
+			nc, err := other.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				var mu sync.Mutex
+				r := bufio.NewReader(nc)
+				for f := readFields(t, r); f != nil; f = readFields(t, r) {
+					switch {
+					case f[0] == "A" && f[4] != "0":
+						go func() {
+							time.Sleep(1500 * time.Millisecond)
+							mu.Lock()
+							fmt.Fprintf(nc, "A 2 %s %s\n", f[1], f[2])
+							mu.Unlock()
+						}()
+					case f[0] == "A":
+						mu.Lock()
+						fmt.Fprintf(nc, "A 2 %s %s\n", f[1], f[2])
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { other.Close() })
+	cl := dial(t, home+","+other.Addr().String(), client.WithConns(1))
+	tokenNode(t, listenOn(t, home), 1, 0)
+	ctx := testCtx(t)
+
+	queued := make(chan time.Time, 1)
+	go func() {
+		if _, err := cl.Acquire(ctx, "queued", time.Second, 10*time.Second); err != nil {
+			t.Errorf("queued Acquire: %v", err)
+		}
+		queued <- time.Now()
+	}()
+	time.Sleep(500 * time.Millisecond) // ten go-home periods
+	sent := time.Now()
+	l, err := cl.Acquire(ctx, "quick", time.Second, 0)
+	answered := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-queued:
+		t.Fatalf("the queued acquire was answered (%v after the quick one was sent) before the quick one (%v, token %d): calls were held behind it",
+			at.Sub(sent), answered.Sub(sent), l.Token)
+	default:
+	}
+	if l.Token != 2 {
+		t.Errorf("quick acquire answered by node %d while the queued one is pending on node 2, want 2", l.Token)
+	}
+	<-queued
 }
