@@ -79,10 +79,11 @@
 // A connection off its own address tries every 10 s to go back (less
 // often, down to every 5 min, while its node breaks it again soon after
 // each return: a node cut off from the others still accepts connections);
-// once its own node answers, it holds new calls back for the moment it
-// takes the answers to those already sent to arrive, then sends them on
-// the new connection. So connections spread over the nodes again after an
-// outage, and no call fails for it.
+// once its own node answers, and no acquire that may wait in the server's
+// queue is pending on it, it holds new calls back for the moment it takes
+// the answers to those already sent to arrive (250 ms at most, or it
+// tries later), then sends them on the new connection. So connections
+// spread over the nodes again after an outage, and no call fails for it.
 //
 // # Contexts
 //
