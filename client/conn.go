@@ -365,15 +365,19 @@ func (s *slot) finish(c *call) {
 func (s *slot) goHome(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	every := s.homePace.After()
+	d := every/2 + rand.N(every/2+1) // jitter: clients that moved together do not all return at once
 	for {
-		d := every/2 + rand.N(every/2+1) // jitter: clients that moved together do not all return at once
 		select {
 		case <-stop:
 			return
 		case <-time.After(d):
 		}
+		d = every/2 + rand.N(every/2+1)
 		if s.queuedAcquires() {
-			continue // they may wait long: holding new calls behind them would too
+			// They may wait long, and holding new calls behind them would
+			// hold those as long: look again soon for a moment without.
+			d = queuedRecheck
+			continue
 		}
 		var dl net.Dialer
 		ctx, cancel := context.WithTimeout(s.cl.ctx, s.cl.cfg.dialTimeout/10)
@@ -440,10 +444,12 @@ func (s *slot) drained(stop <-chan struct{}) bool {
 	}
 }
 
-// goHomeAfter and drainLimit pace goHome. (Variables for tests.)
+// goHomeAfter, drainLimit and queuedRecheck pace goHome. (Variables for
+// tests.)
 var (
-	goHomeAfter = redial.GoHomeAfter
-	drainLimit  = 250 * time.Millisecond
+	goHomeAfter   = redial.GoHomeAfter
+	drainLimit    = 250 * time.Millisecond
+	queuedRecheck = 50 * time.Millisecond
 )
 
 // writeLoop encodes and writes batches of queued requests until stop.

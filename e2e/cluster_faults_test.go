@@ -240,6 +240,33 @@ func TestClusterKillLeaderUnderLoad(t *testing.T) {
 	c.agree()
 }
 
+// After a node's restart, the Go client's connections that had moved off
+// it go back, under load (the client spreads them over the nodes again),
+// and the workload's history stays clean.
+func TestClusterClientGoesHomeAfterRestart(t *testing.T) {
+	c := startCluster(t)
+	w := startWorkload(t, c.addrs(), 12) // 6 connections: 2 of them node 1's
+	time.Sleep(time.Second)
+	c.nodes[0].stop()
+	time.Sleep(time.Second)
+	c.start(0)
+	c.waitReady()
+	// They try every 5-10 s once node 1 is back.
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		v, err := c.nodes[0].metric("ticketd_connections")
+		if err == nil && v >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 1 has %v client connections 40s after its restart (%v), want its 2 back", v, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("%d grants", w.check(t))
+	c.agree()
+}
+
 func TestClusterPauseLeader(t *testing.T) {
 	c := startCluster(t)
 	w := startWorkload(t, c.addrs(), 12)
