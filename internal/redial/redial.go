@@ -1,5 +1,6 @@
-// Package redial orders the addresses a broken connection tries next, for
-// the Go client and the fault campaign's workers alike.
+// Package redial decides where a client connection goes, for the Go
+// client and the fault campaign's workers alike: the order in which a
+// broken one tries the addresses, and when one off its own goes back.
 package redial
 
 import (
