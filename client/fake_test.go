@@ -27,8 +27,20 @@ func fakeServer(t *testing.T, handle func(nc net.Conn, r *bufio.Reader)) (addr s
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var once sync.Once
+	return serveFake(t, ln, handle)
+}
+
+// serveFake runs handle on each connection ln accepts. When the test ends
+// it closes the listener and the connections still open (a server started
+// after the client would otherwise wait for the client's close), and waits
+// for the handlers.
+func serveFake(t *testing.T, ln net.Listener, handle func(nc net.Conn, r *bufio.Reader)) (addr string, closeListener func()) {
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		mu    sync.Mutex
+		conns []net.Conn
+	)
 	closeListener = func() { once.Do(func() { ln.Close() }) }
 	go func() {
 		for {
@@ -36,6 +48,9 @@ func fakeServer(t *testing.T, handle func(nc net.Conn, r *bufio.Reader)) (addr s
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			conns = append(conns, nc)
+			mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -44,8 +59,30 @@ func fakeServer(t *testing.T, handle func(nc net.Conn, r *bufio.Reader)) (addr s
 			}()
 		}
 	}()
-	t.Cleanup(func() { closeListener(); wg.Wait() })
+	t.Cleanup(func() {
+		closeListener()
+		mu.Lock()
+		for _, nc := range conns {
+			nc.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 	return ln.Addr().String(), closeListener
+}
+
+// brokenClient is a client of one connection that breaks once it has read
+// the first request, and that then has nothing to redial.
+func brokenClient(t *testing.T) *client.Client {
+	accepted := make(chan struct{}, 1)
+	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		accepted <- struct{}{}
+		readFields(t, r) // then close
+	})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
+	<-accepted
+	closeListener()
+	return cl
 }
 
 func readFields(t *testing.T, r *bufio.Reader) []string {
@@ -112,14 +149,7 @@ func TestOutOfOrderAnswers(t *testing.T) {
 // A connection that breaks with a request in flight fails it as unknown;
 // with nothing to connect to, calls fail at once as not sent.
 func TestBrokenConnection(t *testing.T) {
-	accepted := make(chan struct{}, 1)
-	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-		accepted <- struct{}{}
-		readFields(t, r) // then close
-	})
-	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
-	<-accepted
-	closeListener()
+	cl := brokenClient(t)
 	ctx := testCtx(t)
 	_, err := cl.Acquire(ctx, "k", time.Second, 0)
 	var ce *client.ConnError

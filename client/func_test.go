@@ -214,14 +214,7 @@ func TestFuncChains(t *testing.T) {
 // connection breaks with its request in flight, and with nothing to connect
 // to, AcquireFunc fails at once and the func is never called.
 func TestFuncBrokenConnection(t *testing.T) {
-	accepted := make(chan struct{}, 1)
-	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-		accepted <- struct{}{}
-		readFields(t, r) // then close
-	})
-	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
-	<-accepted
-	closeListener()
+	cl := brokenClient(t)
 	r := recvWithin(t, acquireFunc(t, cl, "k", time.Second, 0), "AcquireFunc on a connection that breaks")
 	var ce *client.ConnError
 	if !errors.As(r.err, &ce) || !ce.Unknown || !errors.Is(r.err, client.ErrOutcomeUnknown) {

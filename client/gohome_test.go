@@ -14,14 +14,11 @@ import (
 	"github.com/ticketd/ticketd/client"
 )
 
-// tokenNode is a fake node that grants every acquire with its own id as
-// the token (after delay, for keys starting with "slow") and releases every
-// release.
-func tokenNode(t *testing.T, ln net.Listener, id int, delay time.Duration) {
-	t.Helper()
-	serve := func(nc net.Conn) {
-		defer nc.Close()
-		r := bufio.NewReader(nc)
+// tokenNode answers as a fake node that grants every acquire with its own
+// id as the token (after delay, for keys starting with "slow") and releases
+// every release.
+func tokenNode(t *testing.T, id int, delay time.Duration) func(nc net.Conn, r *bufio.Reader) {
+	return func(nc net.Conn, r *bufio.Reader) {
 		for f := readFields(t, r); f != nil; f = readFields(t, r) {
 			switch {
 			case f[0] == "A" && strings.HasPrefix(f[2], "slow"):
@@ -34,16 +31,6 @@ func tokenNode(t *testing.T, ln net.Listener, id int, delay time.Duration) {
 			}
 		}
 	}
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go serve(nc)
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
 }
 
 // downAddr reserves a loopback address with nothing listening on it.
@@ -73,12 +60,8 @@ func listenOn(t *testing.T, addr string) net.Listener {
 func TestGoesHomeOnceBack(t *testing.T) {
 	t.Cleanup(client.SetGoHome(20*time.Millisecond, time.Second))
 	home := downAddr(t)
-	other, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenNode(t, other, 2, 0)
-	cl := dial(t, home+","+other.Addr().String(), client.WithConns(1))
+	other, _ := fakeServer(t, tokenNode(t, 2, 0))
+	cl := dial(t, home+","+other, client.WithConns(1))
 	ctx := testCtx(t)
 	acquire := func() uint64 {
 		t.Helper()
@@ -94,7 +77,7 @@ func TestGoesHomeOnceBack(t *testing.T) {
 	if tok := acquire(); tok != 2 {
 		t.Fatalf("answered by node %d with node 1 down, want 2", tok)
 	}
-	tokenNode(t, listenOn(t, home), 1, 0)
+	serveFake(t, listenOn(t, home), tokenNode(t, 1, 0))
 	deadline := time.Now().Add(10 * time.Second)
 	for acquire() != 1 {
 		if time.Now().After(deadline) {
@@ -109,13 +92,9 @@ func TestGoesHomeOnceBack(t *testing.T) {
 func TestGoingHomeDrainsFirst(t *testing.T) {
 	t.Cleanup(client.SetGoHome(50*time.Millisecond, 5*time.Second))
 	home := downAddr(t)
-	other, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenNode(t, other, 2, 400*time.Millisecond)
-	cl := dial(t, home+","+other.Addr().String(), client.WithConns(1))
-	tokenNode(t, listenOn(t, home), 1, 400*time.Millisecond)
+	other, _ := fakeServer(t, tokenNode(t, 2, 400*time.Millisecond))
+	cl := dial(t, home+","+other, client.WithConns(1))
+	serveFake(t, listenOn(t, home), tokenNode(t, 1, 400*time.Millisecond))
 	ctx := testCtx(t)
 
 	// Slow acquires keep the old connection busy past goHomeAfter; quick
@@ -158,43 +137,28 @@ func TestGoingHomeDrainsFirst(t *testing.T) {
 func TestNoGoingHomeWhileAcquireQueued(t *testing.T) {
 	t.Cleanup(client.SetGoHome(10*time.Millisecond, 5*time.Second))
 	home := downAddr(t)
-	other, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Node 2 answers at once, except an acquire with a wait, which it
 	// grants 1.5 s later.
-	go func() {
-		for {
-			nc, err := other.Accept()
-			if err != nil {
-				return
+	other, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		var mu sync.Mutex
+		for f := readFields(t, r); f != nil; f = readFields(t, r) {
+			switch {
+			case f[0] == "A" && f[4] != "0":
+				go func() {
+					time.Sleep(1500 * time.Millisecond)
+					mu.Lock()
+					fmt.Fprintf(nc, "A 2 %s %s\n", f[1], f[2])
+					mu.Unlock()
+				}()
+			case f[0] == "A":
+				mu.Lock()
+				fmt.Fprintf(nc, "A 2 %s %s\n", f[1], f[2])
+				mu.Unlock()
 			}
-			go func() {
-				defer nc.Close()
-				var mu sync.Mutex
-				r := bufio.NewReader(nc)
-				for f := readFields(t, r); f != nil; f = readFields(t, r) {
-					switch {
-					case f[0] == "A" && f[4] != "0":
-						go func() {
-							time.Sleep(1500 * time.Millisecond)
-							mu.Lock()
-							fmt.Fprintf(nc, "A 2 %s %s\n", f[1], f[2])
-							mu.Unlock()
-						}()
-					case f[0] == "A":
-						mu.Lock()
-						fmt.Fprintf(nc, "A 2 %s %s\n", f[1], f[2])
-						mu.Unlock()
-					}
-				}
-			}()
 		}
-	}()
-	t.Cleanup(func() { other.Close() })
-	cl := dial(t, home+","+other.Addr().String(), client.WithConns(1))
-	tokenNode(t, listenOn(t, home), 1, 0)
+	})
+	cl := dial(t, home+","+other, client.WithConns(1))
+	serveFake(t, listenOn(t, home), tokenNode(t, 1, 0))
 	ctx := testCtx(t)
 
 	queued := make(chan time.Time, 1)
