@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -177,13 +178,13 @@ type group struct {
 	out netloop.Outbox // deliver's; the shard's apply goroutine only
 
 	leader     atomic.Uint64 // leader's node id; 0: none known
-	leaderless atomic.Int64  // since when no leader is known (unix ns; 0: one is)
-	gaveUpLog  atomic.Int64  // unix ns of the last logGiveUp line
+	leaderless atomic.Int64  // since when no leader is known (monoNow; 0: one is)
+	gaveUpLog  atomic.Int64  // monoNow of the last logGiveUp line
 	changeMu   sync.Mutex
 	changeCh   chan struct{} // closed and replaced at each leader change
 	term       atomic.Uint64
 	timerRun   atomic.Bool  // a timer proposal is in flight
-	lastOK     atomic.Int64 // unix ns of the last proposal of ours that committed
+	lastOK     atomic.Int64 // monoNow of the last proposal of ours that committed
 	transferAt time.Time    // the last leader transfer asked for (balanceLoop only)
 	// handing is closed when the transfer of this shard's leadership that
 	// this node is asking for ends; nil while none is (see transfer).
@@ -461,19 +462,33 @@ func (g *group) floor() uint64 {
 // unavailable timeout. An election passes through it briefly: a few
 // ticks, an election timeout more when a vote fails.
 func (g *group) leaderlessFor() time.Duration {
-	since := g.leaderless.Load()
-	if since == 0 {
-		return 0
+	if since := g.leaderless.Load(); since != 0 {
+		return sinceMono(since)
 	}
-	return time.Since(time.Unix(0, since))
+	return 0
+}
+
+// monoStart anchors monoNow: stamps taken from it measure elapsed time on
+// the monotonic clock, which a step of the wall clock does not move.
+var monoStart = time.Now()
+
+// monoNow is the time since monoStart in ns, never 0 (0 marks "never").
+func monoNow() int64 { return int64(time.Since(monoStart)) + 1 }
+
+// sinceMono is the time elapsed since the monoNow stamp t; forever for 0.
+func sinceMono(t int64) time.Duration {
+	if t == 0 {
+		return math.MaxInt64
+	}
+	return time.Duration(monoNow() - t)
 }
 
 // logGiveUp says why a batch's connections get E unavailable, once a
 // second per shard at most: a partition fails every batch.
 func (g *group) logGiveUp(waited, leaderless time.Duration) {
-	now := time.Now().UnixNano()
+	now := monoNow()
 	last := g.gaveUpLog.Load()
-	if now-last < int64(time.Second) || !g.gaveUpLog.CompareAndSwap(last, now) {
+	if last != 0 && now-last < int64(time.Second) || !g.gaveUpLog.CompareAndSwap(last, now) {
 		return
 	}
 	g.n.log.Warn("answering E unavailable: a proposal could not commit",
@@ -595,7 +610,7 @@ func (g *group) propose(h header, body []byte) bool {
 		rs.Release()
 		switch {
 		case r.Completed():
-			g.lastOK.Store(time.Now().UnixNano())
+			g.lastOK.Store(monoNow())
 			if o := n.opt.ProposeSeconds; o != nil {
 				o.Observe(time.Since(start).Seconds())
 			}
@@ -788,7 +803,7 @@ func (n *Node) quorumLoop() {
 	n.every(quiet, func() {
 		for _, g := range n.grps {
 			f := g.fsm.Load()
-			if f == nil || time.Since(time.Unix(0, g.lastOK.Load())) < quiet {
+			if f == nil || sinceMono(g.lastOK.Load()) < quiet {
 				continue
 			}
 			var conns []uint64
@@ -821,7 +836,7 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	prev := g.leader.Swap(info.LeaderID)
 	g.term.Store(info.Term)
 	if info.LeaderID == 0 {
-		g.leaderless.CompareAndSwap(0, time.Now().UnixNano())
+		g.leaderless.CompareAndSwap(0, monoNow())
 	} else {
 		g.leaderless.Store(0)
 	}
