@@ -206,12 +206,16 @@ type rigOpts struct {
 	clock      *fakeClock
 	tokenBlock uint64
 	limits     codec.Limits
+	loops      int // event loops; 0: one
 }
 
 func startRig(t *testing.T, dir string, o rigOpts) *rig {
 	t.Helper()
 	if o.shards == 0 {
 		o.shards = 4
+	}
+	if o.loops == 0 {
+		o.loops = 1
 	}
 	if o.clock == nil {
 		o.clock = newFakeClock(testStart)
@@ -257,7 +261,7 @@ func startRig(t *testing.T, dir string, o rigOpts) *rig {
 	if o.limits.MaxLeaseMs == 0 {
 		o.limits = codec.Limits{MaxLeaseMs: 100 * 3600_000, MaxWaitMs: 100 * 3600_000}
 	}
-	g.srv, err = netloop.New(netloop.Config{Backend: r, Limits: o.limits, MaxConns: 100, Loops: 1})
+	g.srv, err = netloop.New(netloop.Config{Backend: r, Limits: o.limits, MaxConns: 100, Loops: o.loops})
 	if err != nil {
 		t.Fatal(err)
 	}

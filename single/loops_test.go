@@ -21,8 +21,14 @@ import (
 // than any before, so the background loop cannot have covered it: the
 // synced write must happen before the answer is written or posted.
 func TestGrantsLeaveUnderDurableCeilings(t *testing.T) {
+	for _, loops := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%dloops", loops), func(t *testing.T) { grantsUnderCeilings(t, loops) })
+	}
+}
+
+func grantsUnderCeilings(t *testing.T, loops int) {
 	dir := t.TempDir()
-	g := startRig(t, dir, rigOpts{})
+	g := startRig(t, dir, rigOpts{loops: loops})
 	h, w1, w2, w3 := g.dial(), g.dial(), g.dial(), g.dial()
 
 	// Hand-over on release.
@@ -218,8 +224,14 @@ func TestShutdownSnapshotBounded(t *testing.T) {
 // runner reports the failure, queued acquires still get T, and no snapshot
 // is written.
 func TestDiskFull(t *testing.T) {
+	for _, loops := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%dloops", loops), func(t *testing.T) { diskFull(t, loops) })
+	}
+}
+
+func diskFull(t *testing.T, loops int) {
 	dir := t.TempDir()
-	g := startRig(t, dir, rigOpts{})
+	g := startRig(t, dir, rigOpts{loops: loops})
 	h, w, x := g.dial(), g.dial(), g.dial()
 	h.acquire("h", "k", 60000)
 	w.send("A w k 1000 60000", "A w probe 1 0")

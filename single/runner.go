@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mathbits "math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,6 +122,7 @@ type Runner struct {
 	isFailed atomic.Bool
 
 	scratch sync.Pool // *[]byte, for putting a batch's answers back in order
+	inOrder bool      // Handle locks a batch's shards at once: one event loop
 
 	closing  atomic.Bool
 	quiesce  sync.Once
@@ -145,8 +147,8 @@ func Open(opt Options) (*Runner, error) {
 }
 
 func open(opt Options, e env) (*Runner, error) {
-	if opt.Shards <= 0 {
-		return nil, errors.New("single: Shards must be positive")
+	if opt.Shards <= 0 || opt.Shards > maxShards {
+		return nil, fmt.Errorf("single: Shards must be between 1 and %d", maxShards)
 	}
 	if opt.Logger == nil {
 		opt.Logger = zap.NewNop()
@@ -370,6 +372,7 @@ func (r *Runner) SyncReserves() int64 { return r.syncReserves.Load() }
 // starts the timers.
 func (r *Runner) Attach(srv *netloop.Server) {
 	r.srv = srv
+	r.inOrder = srv.Loops() == 1
 	r.start()
 }
 
@@ -388,9 +391,12 @@ func (r *Runner) part(key []byte) *part {
 	return r.parts[shard.Index(key, len(r.parts))]
 }
 
-// Handle implements netloop.Backend. The frames are applied shard by
-// shard, each shard's lock taken once per batch; the answers decided at
-// once are then put back in request order.
+// Handle implements netloop.Backend. Each shard's lock is taken once per
+// batch. With one event loop (the default) the batch locks every shard it
+// touches up front, in shard order, and applies its frames in the order
+// they were read; with more, it takes the shards one at a time, so that
+// loops work on different shards at once, and puts the answers decided at
+// once back in request order.
 func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	now := r.clock.now()
 	self := c.ID()
@@ -398,6 +404,86 @@ func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]by
 	for range len(reqs) - 1 {
 		c.NextSeq() // sequences follow the frames' order, whatever the shard
 	}
+	if r.inOrder {
+		return r.handleInOrder(reqs, out, now, self, seq)
+	}
+	return r.handleGrouped(reqs, out, now, self, seq)
+}
+
+// handleInOrder applies reqs in order under the locks of all their shards.
+// Grouping by shard and putting the answers back in order cost more, with
+// no other loop to share the shards with, than holding every lock for the
+// batch (a tenth of the server's CPU at pipeline depth 64).
+func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self, seq uint64) ([]byte, int, bool) {
+	var sh [netloop.MaxBatch]uint16
+	var touched [maxShards / 64]uint64
+	words := (len(r.parts) + 63) / 64
+	for i := range reqs {
+		s := 0
+		if len(r.parts) > 1 {
+			s = shard.Index(reqs[i].Key, len(r.parts))
+		}
+		sh[i] = uint16(s)
+		touched[s/64] |= 1 << (s % 64)
+	}
+	r.lockTouched(touched[:words])
+	defer r.unlockTouched(touched[:words])
+	if r.closing.Load() {
+		return out, 0, true
+	}
+	answered := 0
+	for j := range reqs {
+		p := r.parts[sh[j]]
+		r.command(p, &reqs[j], self, seq+uint64(j))
+		p.out = p.t.Apply(now, &p.cmd, p.out[:0])
+		var a int
+		out, a = r.dispatch(p, now, self, out)
+		answered += a
+		if r.isFailed.Load() {
+			return out, answered, true
+		}
+	}
+	return out, answered, false
+}
+
+// maxShards bounds Options.Shards, so that a batch's set of shards fits
+// on the stack.
+const maxShards = 4096
+
+func (r *Runner) lockTouched(words []uint64) {
+	for w, bits := range words {
+		for bits != 0 {
+			b := mathbits.TrailingZeros64(bits)
+			bits &= bits - 1
+			r.parts[w*64+b].mu.Lock()
+		}
+	}
+}
+
+func (r *Runner) unlockTouched(words []uint64) {
+	for w, bits := range words {
+		for bits != 0 {
+			b := mathbits.TrailingZeros64(bits)
+			bits &= bits - 1
+			r.parts[w*64+b].mu.Unlock()
+		}
+	}
+}
+
+// command fills p.cmd with q, the frame numbered seq on connection self.
+func (r *Runner) command(p *part, q *codec.Request, self, seq uint64) {
+	cmd := &p.cmd
+	*cmd = shard.Command{From: shard.Requester{Conn: self, Seq: seq}, Key: q.Key}
+	if q.Kind == codec.Acquire {
+		cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
+	} else {
+		cmd.Op, cmd.Token = shard.OpRelease, q.Token
+	}
+}
+
+// handleGrouped applies reqs shard by shard, each shard's lock taken once,
+// then puts the answers decided at once back in request order.
+func (r *Runner) handleGrouped(reqs []codec.Request, out []byte, now int64, self, seq uint64) ([]byte, int, bool) {
 	var g netloop.ShardGroups
 	g.Group(reqs, len(r.parts))
 	var spans [netloop.MaxBatch]struct{ from, to int32 }
@@ -415,15 +501,8 @@ func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]by
 			break
 		}
 		for _, j := range run {
-			q := &reqs[j]
-			cmd := &p.cmd
-			*cmd = shard.Command{From: shard.Requester{Conn: self, Seq: seq + uint64(j)}, Key: q.Key}
-			if q.Kind == codec.Acquire {
-				cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
-			} else {
-				cmd.Op, cmd.Token = shard.OpRelease, q.Token
-			}
-			p.out = p.t.Apply(now, cmd, p.out[:0])
+			r.command(p, &reqs[j], self, seq+uint64(j))
+			p.out = p.t.Apply(now, &p.cmd, p.out[:0])
 			from := len(out)
 			var a int
 			out, a = r.dispatch(p, now, self, out)

@@ -18,6 +18,14 @@ import (
 // tests can look at its allocations.
 func startInProcess(t testing.TB, dir string) (string, func()) {
 	t.Helper()
+	return startLoops(t, dir, 1)
+}
+
+// startLoops is startInProcess with loops event loops: with one, Handle
+// applies a batch in request order under all its shards' locks; with more,
+// shard by shard.
+func startLoops(t testing.TB, dir string, loops int) (string, func()) {
+	t.Helper()
 	r, err := Open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -26,11 +34,14 @@ func startInProcess(t testing.TB, dir string) (string, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := netloop.New(netloop.Config{Backend: r, MaxConns: 100, Loops: 1})
+	srv, err := netloop.New(netloop.Config{Backend: r, MaxConns: 100, Loops: loops})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.Attach(srv)
+	if r.inOrder != (loops == 1) {
+		t.Fatalf("%d loops: in order %v", loops, r.inOrder)
+	}
 	if err := srv.Serve(ln); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +126,13 @@ func TestServerPathDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	addr, stop := startInProcess(t, t.TempDir())
+	for _, loops := range []int{1, 2} {
+		t.Run(strconv.Itoa(loops)+"loops", func(t *testing.T) { serverPathAllocs(t, loops) })
+	}
+}
+
+func serverPathAllocs(t *testing.T, loops int) {
+	addr, stop := startLoops(t, t.TempDir(), loops)
 	defer stop()
 	p := newPairs(t, addr, 64)
 	defer p.c.Close()
@@ -195,17 +212,21 @@ func TestSnapshotNeedsSameShards(t *testing.T) {
 // One read's frames are applied shard by shard, but the answers decided at
 // once still come in request order.
 func TestBatchAnswersInRequestOrder(t *testing.T) {
-	addr, stop := startInProcess(t, t.TempDir())
-	defer stop()
-	p := newPairs(t, addr, 200)
-	var a codec.Answer
-	p.req = p.req[:0]
-	for i := 0; i < p.depth; i++ {
-		p.req = codec.AppendAcquire(p.req, []byte("o"+strconv.Itoa(i)), keyNames[i], 30000, 0)
+	for _, loops := range []int{1, 2} {
+		t.Run(strconv.Itoa(loops)+"loops", func(t *testing.T) {
+			addr, stop := startLoops(t, t.TempDir(), loops)
+			defer stop()
+			p := newPairs(t, addr, 200)
+			var a codec.Answer
+			p.req = p.req[:0]
+			for i := 0; i < p.depth; i++ {
+				p.req = codec.AppendAcquire(p.req, []byte("o"+strconv.Itoa(i)), keyNames[i], 30000, 0)
+			}
+			p.exchange(t, func(i int, line []byte) {
+				if _, err := codec.ParseAnswer(line, &a); err != nil || a.Kind != 'A' || string(a.Owner) != "o"+strconv.Itoa(i) {
+					t.Fatalf("answer %d: %q", i, line)
+				}
+			})
+		})
 	}
-	p.exchange(t, func(i int, line []byte) {
-		if _, err := codec.ParseAnswer(line, &a); err != nil || a.Kind != 'A' || string(a.Owner) != "o"+strconv.Itoa(i) {
-			t.Fatalf("answer %d: %q", i, line)
-		}
-	})
 }
