@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -167,6 +168,36 @@ func TestParseAnswerRejects(t *testing.T) {
 	for _, s := range []string{"", "A 1 o k", "E syntax text\r", strings.Repeat("x", MaxLine-1)} {
 		if n, err := ParseAnswer([]byte(s), new(Answer)); n != 0 || err != nil {
 			t.Errorf("%q: n=%d err=%v, want incomplete", s, n, err)
+		}
+	}
+}
+
+// The encoders write numbers in place; they must read as strconv's.
+func TestPutUint(t *testing.T) {
+	vals := []uint64{0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 1<<32 - 1, 1 << 32,
+		9999999999999999999, 10000000000000000000, 1<<64 - 1}
+	for p := uint64(1); p < 1e19; p *= 10 {
+		vals = append(vals, p-1, p, p+1)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 100000 {
+		vals = append(vals, rng.Uint64()>>rng.IntN(64))
+	}
+	for _, v := range vals {
+		want := strconv.FormatUint(v, 10)
+		if n := uintLen(v); n != len(want) {
+			t.Fatalf("uintLen(%d) = %d, want %d", v, n, len(want))
+		}
+		b := make([]byte, len(want))
+		putUint(b, v)
+		if string(b) != want {
+			t.Fatalf("putUint(%d) = %q", v, b)
+		}
+		if got := string(AppendReleased([]byte("x"), v, []byte("k"))); got != "xR "+want+" k\n" {
+			t.Fatalf("AppendReleased(%d) = %q", v, got)
+		}
+		if got := string(AppendAcquire(nil, []byte("o"), []byte("k"), v, v)); got != "A o k "+want+" "+want+"\n" {
+			t.Fatalf("AppendAcquire(%d) = %q", v, got)
 		}
 	}
 }
