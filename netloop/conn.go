@@ -224,6 +224,10 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 
 	consumed := 0
 	var acq, rel int64
+	// Nothing is written to the connection while parsing, so its unsent
+	// bytes stay as they are: the limits come down to counts.
+	maxIn := s.cfg.MaxInflight
+	maxOut := s.cfg.MaxOutbound - c.gc.OutboundBuffered()
 	flush := func() bool {
 		if len(reqs) == 0 {
 			return false
@@ -243,7 +247,7 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 				break
 			}
 		}
-		if c.over(len(out)) {
+		if c.inflight >= maxIn || len(out) >= maxOut {
 			break
 		}
 		reqs = reqs[:len(reqs)+1]
