@@ -424,7 +424,7 @@ func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self
 			s = shard.Index(reqs[i].Key, len(r.parts))
 		}
 		sh[i] = uint16(s)
-		touched[s/64] |= 1 << (s % 64)
+		touched[uint(s)/64] |= 1 << (uint(s) % 64)
 	}
 	r.lockTouched(touched[:words])
 	defer r.unlockTouched(touched[:words])
@@ -432,12 +432,13 @@ func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self
 		return out, 0, true
 	}
 	answered := 0
+	var cmd shard.Command // on the stack: Apply keeps no pointer to it
 	for j := range reqs {
 		p := r.parts[sh[j]]
-		r.command(p, &reqs[j], self, seq+uint64(j))
-		p.out = p.t.Apply(now, &p.cmd, p.out[:0])
+		command(&cmd, &reqs[j], self, seq+uint64(j))
+		p.out = p.t.Apply(now, &cmd, p.out[:0])
 		var a int
-		out, a = r.dispatch(p, now, self, out)
+		out, a = r.route(p, now, self, out)
 		answered += a
 		if r.isFailed.Load() {
 			return out, answered, true
@@ -460,19 +461,21 @@ func (r *Runner) lockTouched(words []uint64) {
 	}
 }
 
+// unlockTouched publishes each shard's next timer and unlocks it.
 func (r *Runner) unlockTouched(words []uint64) {
 	for w, bits := range words {
 		for bits != 0 {
 			b := mathbits.TrailingZeros64(bits)
 			bits &= bits - 1
-			r.parts[w*64+b].mu.Unlock()
+			p := r.parts[w*64+b]
+			r.publishNext(p)
+			p.mu.Unlock()
 		}
 	}
 }
 
-// command fills p.cmd with q, the frame numbered seq on connection self.
-func (r *Runner) command(p *part, q *codec.Request, self, seq uint64) {
-	cmd := &p.cmd
+// command fills cmd with q, the frame numbered seq on connection self.
+func command(cmd *shard.Command, q *codec.Request, self, seq uint64) {
 	*cmd = shard.Command{From: shard.Requester{Conn: self, Seq: seq}, Key: q.Key}
 	if q.Kind == codec.Acquire {
 		cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
@@ -490,6 +493,7 @@ func (r *Runner) handleGrouped(reqs []codec.Request, out []byte, now int64, self
 	start := len(out)
 	answered := 0
 	stop := false
+	var cmd shard.Command
 	for i := 0; i < g.Len() && !stop; {
 		sh, run := g.Run(i)
 		i += len(run)
@@ -501,8 +505,8 @@ func (r *Runner) handleGrouped(reqs []codec.Request, out []byte, now int64, self
 			break
 		}
 		for _, j := range run {
-			r.command(p, &reqs[j], self, seq+uint64(j))
-			p.out = p.t.Apply(now, &p.cmd, p.out[:0])
+			command(&cmd, &reqs[j], self, seq+uint64(j))
+			p.out = p.t.Apply(now, &cmd, p.out[:0])
 			from := len(out)
 			var a int
 			out, a = r.dispatch(p, now, self, out)
@@ -546,6 +550,14 @@ func (r *Runner) inRequestOrder(out []byte, start int, spans []struct{ from, to 
 // token ceiling already is: the table reserved it before granting). Runs
 // under p.mu.
 func (r *Runner) dispatch(p *part, now int64, self uint64, out []byte) ([]byte, int) {
+	out, answered := r.route(p, now, self, out)
+	r.publishNext(p)
+	return out, answered
+}
+
+// route is dispatch but for publishing p's next timer, which its caller
+// does once for many commands, before it unlocks p.
+func (r *Runner) route(p *part, now int64, self uint64, out []byte) ([]byte, int) {
 	answered := 0
 	for {
 		r.coverLeases(p)
@@ -581,13 +593,18 @@ func (r *Runner) dispatch(p *part, now int64, self uint64, out []byte) ([]byte, 
 		p.cmd = shard.Command{Op: shard.OpRelease, Key: o.key, Token: o.token}
 		p.out = p.t.Apply(now, &p.cmd, p.out[:0])
 	}
+	return out, answered
+}
+
+// publishNext tells the timer loop p's earliest timer, and wakes it if that
+// comes before its sleep ends. Under p.mu.
+func (r *Runner) publishNext(p *part) {
 	if p.updateNext() < r.nextWake.Load() {
 		select {
 		case r.wake <- struct{}{}:
 		default:
 		}
 	}
-	return out, answered
 }
 
 func (r *Runner) deliver(a *shard.Answer, b []byte) bool {
