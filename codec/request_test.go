@@ -2,6 +2,7 @@ package codec
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -332,5 +333,45 @@ func TestValidBytes(t *testing.T) {
 			}
 		}
 		field[pos] = 'x'
+	}
+}
+
+// field reads eight bytes at a time; it must end fields where the byte
+// loop does, whatever the bytes around the end (borrows run between bytes).
+func TestFieldWordAtATime(t *testing.T) {
+	alphabet := []byte{0x00, 0x01, 0x09, 0x0a, 0x0d, 0x1f, 0x20, 0x21, 0x22, 'a', 'z', '0',
+		0x7e, 0x7f, 0x80, 0x81, 0xa0, 0xa1, 0xde, 0xdf, 0xfe, 0xff}
+	byteLoop := func(buf []byte, i, limit int) (int, int) {
+		start := i
+		for ; i < len(buf); i++ {
+			if c := buf[i]; c <= ' ' || c == 0x7f {
+				break
+			}
+		}
+		if i == start || i-start > limit || i >= len(buf) {
+			return i, -1
+		}
+		return i, i - start
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	buf := make([]byte, 40)
+	for n := range 500000 {
+		buf = buf[:rng.IntN(40)]
+		for i := range buf {
+			if rng.IntN(3) == 0 {
+				buf[i] = alphabet[rng.IntN(len(alphabet))]
+			} else {
+				buf[i] = byte(0x21 + rng.IntN(0x5e)) // printable, not a stop
+			}
+		}
+		from, limit := 0, 1+rng.IntN(40)
+		if len(buf) > 0 {
+			from = rng.IntN(len(buf))
+		}
+		ge, gl := field(buf, from, limit)
+		we, wl := byteLoop(buf, from, limit)
+		if ge != we || gl != wl {
+			t.Fatalf("case %d: field(%q, %d, %d) = %d, %d; the byte loop says %d, %d", n, buf, from, limit, ge, gl, we, wl)
+		}
 	}
 }
