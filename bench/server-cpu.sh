@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# server-cpu.sh compares ticketd builds at pipeline depth 64: in each round
+# it drives every build and the echo ceiling in turn with `bench load`
+# (50 connections, a million keys) and prints, per run, pairs/s, the ratio
+# to echo's pairs/s in the same round, and the server's user and system CPU
+# per lock pair (from /proc/<pid>/stat). One run per system per round, so
+# that the machine's slow and fast spells fall on all of them alike: compare
+# medians over many rounds, not single runs.
+#
+#   bench/server-cpu.sh ROUNDS SECONDS TICKETD... > out.txt
+#
+# It starts each server with a fresh data dir on its own loopback port, from
+# PORT (default 17960) up, and stops only those.
+set -euo pipefail
+rounds=${1:?rounds}; secs=${2:?seconds}; shift 2
+root=$(cd "$(dirname "$0")/.." && pwd)
+bench=${BENCH:-$root/bin/bench}
+echo_bin=${ECHO_BIN:-$root/bin/echo}
+work=$(mktemp -d)
+pids=() ports=() names=() systems=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+port=${PORT:-17960}
+i=0
+for bin in "$@"; do
+	"$bin" --listen 127.0.0.1:$port --data-dir "$work/d$i" >"$work/s$i.log" 2>&1 &
+	pids+=($!) ports+=($port) names+=("$i:$(basename "$bin")") systems+=(ticketd)
+	i=$((i + 1)) port=$((port + 1))
+done
+"$echo_bin" --listen 127.0.0.1:$port >"$work/echo.log" 2>&1 &
+pids+=($!) ports+=($port) names+=(echo) systems+=(echo)
+sleep 1
+
+ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+for r in $(seq "$rounds"); do
+	declare -A pps=()
+	lines=()
+	for k in "${!pids[@]}"; do
+		read -r u0 s0 < <(ticks "${pids[$k]}")
+		out=$("$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth 64 \
+			-duration "${secs}s" -warmup 0 -quiet 2>&1 | grep '^window')
+		read -r u1 s1 < <(ticks "${pids[$k]}")
+		pairs=$(sed 's/.*(\([0-9]*\) granted.*/\1/' <<<"$out")
+		rate=$(sed 's/^window [^:]*: \([0-9,]*\) pairs.*/\1/' <<<"$out" | tr -d ,)
+		pps[$k]=$rate
+		hz=$(getconf CLK_TCK)
+		lines+=("$k $rate $(((u1 - u0) * 1000000000 / hz / pairs)) $(((s1 - s0) * 1000000000 / hz / pairs))")
+	done
+	echo_rate=${pps[$((${#pids[@]} - 1))]}
+	for l in "${lines[@]}"; do
+		read -r k rate user sys <<<"$l"
+		awk -v r="$r" -v n="${names[$k]}" -v p="$rate" -v e="$echo_rate" -v u="$user" -v s="$sys" \
+			'BEGIN { printf "round %d %-16s pairs/s %8d  vs echo %.3f  user %4d ns/pair  sys %4d ns/pair\n", r, n, p, p / e, u, s }'
+	done
+done
