@@ -27,7 +27,8 @@ func TestMayHandBack(t *testing.T) {
 	}
 
 	// Node 2 hands g over on its way out; its connection fails.
-	g.handedAt.Store(at(time.Second).UnixNano())
+	handed := at(time.Second)
+	g.handedAt.Store(&handed)
 	n.reach[addr] = false
 	if n.mayHandBack(g, 2, at(2*time.Second)) {
 		t.Fatal("handed back to a node that is down")
@@ -43,7 +44,8 @@ func TestMayHandBack(t *testing.T) {
 
 	// Handed over with the connection up all along (the node is stopping):
 	// not before it reconnects, or handBackAfter.
-	g.handedAt.Store(at(time.Minute).UnixNano())
+	handed = at(time.Minute)
+	g.handedAt.Store(&handed)
 	if n.mayHandBack(g, 2, at(time.Minute+time.Second)) {
 		t.Fatal("handed back to a node on its way out")
 	}

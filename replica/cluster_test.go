@@ -478,7 +478,7 @@ func TestClusterCleanStopHandsLeadershipOver(t *testing.T) {
 		t.Errorf("the stopped node's shards went to nodes %d and %d, want one each", to[0], to[3])
 	}
 	for _, sh := range []int{0, 3} {
-		if i := to[sh]; i > 0 && c.nodes[i].grps[sh].handedAt.Load() == 0 {
+		if i := to[sh]; i > 0 && c.nodes[i].grps[sh].handedAt.Load() == nil {
 			t.Errorf("shard %d: node %d does not know it was handed the shard", sh, i+1)
 		}
 	}

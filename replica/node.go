@@ -190,10 +190,11 @@ type group struct {
 	// this node is asking for ends; nil while none is (see transfer).
 	handing atomic.Pointer[chan struct{}]
 	// handedAt is when the shard's preferred node handed its leadership to
-	// this one (unix ns; 0: never). A node does that when it stops, so the
-	// shard goes back only once it has reconnected since, or after
-	// handBackAfter (leadership lost some other way, with the node up).
-	handedAt   atomic.Int64
+	// this one (nil: never). A node does that when it stops, so the shard
+	// goes back only once it has reconnected since, or after handBackAfter
+	// (leadership lost some other way, with the node up). A time.Now, like
+	// the reconnection it is compared with: both on the monotonic clock.
+	handedAt   atomic.Pointer[time.Time]
 	lastLeader atomic.Uint64 // the last leader known, never 0 once set (LeaderUpdated only)
 }
 
@@ -789,7 +790,7 @@ func (n *Node) mayHandBack(g *group, want uint32, now time.Time) bool {
 	defer n.mu.Unlock()
 	since := n.reachSince[addr]
 	return n.reach[addr] && (!n.reconnected[addr] || now.Sub(since) > handBackSettle) &&
-		(since.UnixNano() > handed || now.Sub(time.Unix(0, handed)) > handBackAfter)
+		(handed == nil || since.After(*handed) || now.Sub(*handed) > handBackAfter)
 }
 
 // quorumLoop finds the local connections with queued acquires on a shard
@@ -846,7 +847,8 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 		self := uint64(n.opt.NodeID)
 		last := g.lastLeader.Swap(info.LeaderID)
 		if want := uint64(n.preferred(g)); last == want && want != self && info.LeaderID == self {
-			g.handedAt.Store(time.Now().UnixNano())
+			now := time.Now()
+			g.handedAt.Store(&now)
 		}
 	}
 	if prev != info.LeaderID {
