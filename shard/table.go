@@ -131,6 +131,7 @@ func (s *Stats) Add(o Stats) {
 // for an entry on its way out of the key index or on the free list.
 type entry struct {
 	key      []byte // owned: inl[:n] or ext
+	inl      [inlineKey]byte
 	token    uint64 // holder's token; 0 on a live entry: the grace phantom
 	deadline int64  // holder's lease end (phantom: grace end)
 	head     *waiter
@@ -139,7 +140,6 @@ type entry struct {
 	hidx     int    // lease timer's heap position, -1: none
 	hash     uint64 // of key, while in the key index
 	ext      []byte // buffer for keys longer than inl, kept for reuse
-	inl      [inlineKey]byte
 	live     bool
 }
 
@@ -668,8 +668,10 @@ func (t *Table) newEntry(key []byte) *entry {
 	return e
 }
 
-// inlineKey bytes of a key live inside its entry, so that comparing a key
-// after a lookup touches no other cache line; longer keys get a buffer.
+// inlineKey bytes of a key live inside its entry, right after the slice
+// that points at them, so that comparing a key after a lookup reads the
+// entry's first cache line (two for keys that cross it) and no other
+// memory; longer keys get a buffer.
 const inlineKey = 48
 
 func (t *Table) freeEntry(e *entry) {
