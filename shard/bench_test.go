@@ -80,9 +80,15 @@ func BenchmarkHandOver(b *testing.B) {
 	}
 }
 
+// benchShards is a variable, as a server's shard count is: with a constant
+// the compiler folds the modulo into a mask and the figure flatters.
+var benchShards, benchSink = 16, 0
+
 func BenchmarkIndex(b *testing.B) {
 	key := []byte("tenant-042/job-0012345")
+	sum := 0
 	for i := 0; i < b.N; i++ {
-		_ = Index(key, 16)
+		sum += Index(key, benchShards)
 	}
+	benchSink = sum
 }
