@@ -21,24 +21,10 @@ import (
 //	go test ./single -run '^$' -bench Handle -count 10
 func BenchmarkHandle(b *testing.B) {
 	const depth, nkeys = 64, 1 << 20
-	r, err := Open(Options{DataDir: b.TempDir(), Shards: 16, SweepInterval: time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv, err := netloop.New(netloop.Config{Backend: r, MaxConns: 10, Loops: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r.Attach(srv)
-	if err := srv.Serve(ln); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { r.Close(); _ = srv.Stop(b.Context()) }()
-	nc, err := net.Dial("tcp", ln.Addr().String())
+	p, stop := startServer(b, b.TempDir(), 16, 1)
+	defer stop()
+	r, srv := p.r, p.srv
+	nc, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,4 +97,5 @@ func BenchmarkHandle(b *testing.B) {
 	for range b.N / (2 * depth) {
 		round()
 	}
+	b.StopTimer() // the deferred shutdown writes a snapshot: not the path measured
 }

@@ -26,7 +26,21 @@ func startInProcess(t testing.TB, dir string) (string, func()) {
 // shard by shard.
 func startLoops(t testing.TB, dir string, loops int) (string, func()) {
 	t.Helper()
-	r, err := Open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Second})
+	p, stop := startServer(t, dir, 4, loops)
+	return p.addr, stop
+}
+
+// inProcess is a runner and its network side, listening on addr.
+type inProcess struct {
+	r    *Runner
+	srv  *netloop.Server
+	addr string
+}
+
+// startServer runs a runner of shards shards behind loops event loops.
+func startServer(t testing.TB, dir string, shards, loops int) (*inProcess, func()) {
+	t.Helper()
+	r, err := Open(Options{DataDir: dir, Shards: shards, SweepInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +59,7 @@ func startLoops(t testing.TB, dir string, loops int) (string, func()) {
 	if err := srv.Serve(ln); err != nil {
 		t.Fatal(err)
 	}
-	return ln.Addr().String(), func() {
+	return &inProcess{r, srv, ln.Addr().String()}, func() {
 		srv.StopAccepting()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
