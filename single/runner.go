@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	mathbits "math/bits"
 	"sync"
@@ -419,14 +420,13 @@ func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self
 	var touched [maxShards / 64]uint64
 	words := (len(r.parts) + 63) / 64
 	for i := range reqs {
-		s := 0
-		if len(r.parts) > 1 {
-			s = shard.Index(reqs[i].Key, len(r.parts))
-		}
+		s := uint(shard.Index(reqs[i].Key, len(r.parts)))
 		sh[i] = uint16(s)
-		touched[uint(s)/64] |= 1 << (uint(s) % 64)
+		touched[s/64] |= 1 << (s % 64)
 	}
-	r.lockTouched(touched[:words])
+	for p := range r.touchedParts(touched[:words]) {
+		p.mu.Lock()
+	}
 	defer r.unlockTouched(touched[:words])
 	if r.closing.Load() {
 		return out, 0, true
@@ -451,26 +451,26 @@ func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self
 // on the stack.
 const maxShards = 4096
 
-func (r *Runner) lockTouched(words []uint64) {
-	for w, bits := range words {
-		for bits != 0 {
-			b := mathbits.TrailingZeros64(bits)
-			bits &= bits - 1
-			r.parts[w*64+b].mu.Lock()
+// touchedParts yields the shards whose bits are set in words, in order.
+func (r *Runner) touchedParts(words []uint64) iter.Seq[*part] {
+	return func(yield func(*part) bool) {
+		for w, bits := range words {
+			for bits != 0 {
+				b := mathbits.TrailingZeros64(bits)
+				bits &= bits - 1
+				if !yield(r.parts[w*64+b]) {
+					return
+				}
+			}
 		}
 	}
 }
 
 // unlockTouched publishes each shard's next timer and unlocks it.
 func (r *Runner) unlockTouched(words []uint64) {
-	for w, bits := range words {
-		for bits != 0 {
-			b := mathbits.TrailingZeros64(bits)
-			bits &= bits - 1
-			p := r.parts[w*64+b]
-			r.publishNext(p)
-			p.mu.Unlock()
-		}
+	for p := range r.touchedParts(words) {
+		r.publishNext(p)
+		p.mu.Unlock()
 	}
 }
 
