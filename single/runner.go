@@ -476,11 +476,14 @@ func (r *Runner) unlockTouched(words []uint64) {
 
 // command fills cmd with q, the frame numbered seq on connection self.
 func command(cmd *shard.Command, q *codec.Request, self, seq uint64) {
-	*cmd = shard.Command{From: shard.Requester{Conn: self, Seq: seq}, Key: q.Key}
+	// Field by field, for the reason shard's push gives: a literal is built
+	// in a temporary and copied, and the copy stalls on store forwarding.
+	cmd.From.Node, cmd.From.Conn, cmd.From.Seq = 0, self, seq
+	cmd.Key = q.Key
 	if q.Kind == codec.Acquire {
-		cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs
+		cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs, cmd.Token = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs, 0
 	} else {
-		cmd.Op, cmd.Token = shard.OpRelease, q.Token
+		cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs, cmd.Token = shard.OpRelease, nil, 0, 0, q.Token
 	}
 }
 
