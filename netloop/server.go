@@ -43,6 +43,12 @@ type Config struct {
 	MaxInflight int // unanswered requests per connection before it stops being read
 	MaxOutbound int // unsent answer bytes per connection before it stops being read
 	Loops       int // event loops; 0: one per core
+	// LockThreads keeps each event loop on one OS thread. Unlocked, a loop
+	// that blocked in epoll_wait often came back on another thread (the
+	// scheduler had handed its P on meanwhile), a hand-off that queues it
+	// behind whatever runs there: on 2 cores shared with the clients that
+	// was a quarter of the depth-1 p99 (bench/results/lock-threads.txt).
+	LockThreads bool
 	Logger      *zap.Logger
 	Latency     Observer // optional: time from read to write of each batch
 
@@ -163,6 +169,9 @@ func New(cfg Config) (*Server, error) {
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(cfg.Logger.Sugar()),
 		gnet.WithTCPKeepAlive(time.Minute),
+	}
+	if cfg.LockThreads {
+		opts = append(opts, gnet.WithLockOSThread(true))
 	}
 	if cfg.Loops > 0 {
 		opts = append(opts, gnet.WithNumEventLoop(cfg.Loops))

@@ -122,12 +122,16 @@ func serve(cfg *config, log *zap.Logger) error {
 		adm.stop(context.Background())
 		return fmt.Errorf("cannot listen on --listen %s: %w", cfg.listen, err)
 	}
+	// Loops keep their threads in single mode, where it was measured (the
+	// depth-1 p99). In cluster mode the raft log's fsync makes the tail.
+	lockThreads := !cfg.cluster.enabled()
 	srv, err := netloop.New(netloop.Config{
 		Backend:      runner,
 		Limits:       codec.Limits{MaxLeaseMs: ms(cfg.maxLease), MaxWaitMs: ms(cfg.maxWait)},
 		MaxConns:     cfg.maxConns,
 		MaxInflight:  cfg.maxInflight,
 		Loops:        cfg.loops,
+		LockThreads:  lockThreads,
 		Logger:       log.Named("gnet").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)),
 		Latency:      adm.latency(),
 		IdleTimeout:  cfg.idleTimeout,
