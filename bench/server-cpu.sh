@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# server-cpu.sh compares ticketd builds at pipeline depth 64: in each round
-# it drives every build and the echo ceiling in turn with `bench load`
-# (50 connections, a million keys) and prints, per run, pairs/s, the ratio
-# to echo's pairs/s in the same round, and the server's user and system CPU
-# per lock pair (from /proc/<pid>/stat). One run per system per round, so
-# that the machine's slow and fast spells fall on all of them alike: compare
+# server-cpu.sh compares ticketd builds at pipeline depth 64 (DEPTH): in
+# each round it drives every build, Redis if REDIS names its server binary,
+# and the echo ceiling in turn with `bench load` (50 connections, a million
+# keys) and prints, per run, pairs/s, the ratio to echo's pairs/s in the
+# same round, the p99 latency, and the server's user and system CPU per
+# lock pair (from /proc/<pid>/stat). One run per system per round, so that
+# the machine's slow and fast spells fall on all of them alike: compare
 # medians over many rounds, not single runs.
 #
 #   bench/server-cpu.sh ROUNDS SECONDS TICKETD... > out.txt
+#   DEPTH=1 REDIS=$(command -v redis-server) bench/server-cpu.sh ROUNDS SECONDS TICKETD...
 #
 # It starts each server with a fresh data dir on its own loopback port, from
 # PORT (default 17960) up, and stops only those.
@@ -15,6 +17,7 @@ set -euo pipefail
 rounds=${1:?rounds}; secs=${2:?seconds}; shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
 bench=${BENCH:-$root/bin/bench}
+depth=${DEPTH:-64}
 echo_bin=${ECHO_BIN:-$root/bin/echo}
 work=$(mktemp -d)
 pids=() ports=() names=() systems=()
@@ -28,6 +31,11 @@ for bin in "$@"; do
 	pids+=($!) ports+=($port) names+=("$i:$(basename "$bin")") systems+=(ticketd)
 	i=$((i + 1)) port=$((port + 1))
 done
+if [ -n "${REDIS:-}" ]; then
+	"$REDIS" --port $port --bind 127.0.0.1 --save '' --appendonly no >"$work/redis.log" 2>&1 &
+	pids+=($!) ports+=($port) names+=(redis) systems+=(redis)
+	port=$((port + 1))
+fi
 "$echo_bin" --listen 127.0.0.1:$port >"$work/echo.log" 2>&1 &
 pids+=($!) ports+=($port) names+=(echo) systems+=(echo)
 sleep 1
@@ -38,19 +46,20 @@ for r in $(seq "$rounds"); do
 	lines=()
 	for k in "${!pids[@]}"; do
 		read -r u0 s0 < <(ticks "${pids[$k]}")
-		out=$("$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth 64 \
-			-duration "${secs}s" -warmup 0 -quiet 2>&1 | grep '^window')
+		out=$("$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" \
+			-duration "${secs}s" -warmup 0 -quiet 2>&1 | grep -E '^(window|latency)')
 		read -r u1 s1 < <(ticks "${pids[$k]}")
-		pairs=$(sed 's/.*(\([0-9]*\) granted.*/\1/' <<<"$out")
-		rate=$(sed 's/^window [^:]*: \([0-9,]*\) pairs.*/\1/' <<<"$out" | tr -d ,)
+		pairs=$(sed -n 's/.*(\([0-9]*\) granted.*/\1/p' <<<"$out")
+		rate=$(sed -n 's/^window [^:]*: \([0-9,]*\) pairs.*/\1/p' <<<"$out" | tr -d ,)
+		p99=$(sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p' <<<"$out")
 		pps[$k]=$rate
 		hz=$(getconf CLK_TCK)
-		lines+=("$k $rate $(((u1 - u0) * 1000000000 / hz / pairs)) $(((s1 - s0) * 1000000000 / hz / pairs))")
+		lines+=("$k $rate $(((u1 - u0) * 1000000000 / hz / pairs)) $(((s1 - s0) * 1000000000 / hz / pairs)) $p99")
 	done
 	echo_rate=${pps[$((${#pids[@]} - 1))]}
 	for l in "${lines[@]}"; do
-		read -r k rate user sys <<<"$l"
-		awk -v r="$r" -v n="${names[$k]}" -v p="$rate" -v e="$echo_rate" -v u="$user" -v s="$sys" \
-			'BEGIN { printf "round %d %-16s pairs/s %8d  vs echo %.3f  user %4d ns/pair  sys %4d ns/pair\n", r, n, p, p / e, u, s }'
+		read -r k rate user sys p99 <<<"$l"
+		awk -v r="$r" -v n="${names[$k]}" -v p="$rate" -v e="$echo_rate" -v u="$user" -v s="$sys" -v l="$p99" \
+			'BEGIN { printf "round %d %-16s pairs/s %8d  vs echo %.3f  user %4d ns/pair  sys %4d ns/pair  p99 %s\n", r, n, p, p / e, u, s, l }'
 	done
 done

@@ -68,7 +68,8 @@ func run(args []string, stderr io.Writer) int {
 // a woken loop waiting a scheduler tick for a core. On 2 cores shared with
 // the load generator, one loop on one P halved the p99 at depths 1 and 16
 // against two loops on four Ps, for the same pairs/s at depth 64
-// (bench/results/loops.md). A host of its own with remote clients may get
+// (bench/results/before/ against bench.md; `make bench`'s steadiness
+// section runs both set-ups). A host of its own with remote clients may get
 // more throughput from --loops equal to the cores.
 //
 // Cluster mode keeps one loop per core and twice the cores in Ps: the raft
