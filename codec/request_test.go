@@ -3,8 +3,11 @@ package codec
 import (
 	"bytes"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/ticketd/ticketd/internal/dirty"
 )
 
 var (
@@ -372,6 +375,20 @@ func TestFieldWordAtATime(t *testing.T) {
 		we, wl := byteLoop(buf, from, limit)
 		if ge != we || gl != wl {
 			t.Fatalf("case %d: field(%q, %d, %d) = %d, %d; the byte loop says %d, %d", n, buf, from, limit, ge, gl, we, wl)
+		}
+	}
+}
+
+// TestParseRequestSetsEveryField: the fast path fills the request field by
+// field, so a field it forgot would keep the previous frame's value.
+func TestParseRequestSetsEveryField(t *testing.T) {
+	for _, frame := range []string{"A o k 1000 5\n", "R 42 k\n", "A o k 1000 0\r\n", "R 9 k\r\n"} {
+		var clean, used Request
+		dirty.Fill(&used)
+		n1, err1 := ParseRequest([]byte(frame), Limits{}, &clean)
+		n2, err2 := ParseRequest([]byte(frame), Limits{}, &used)
+		if err1 != nil || err2 != nil || n1 != n2 || !reflect.DeepEqual(clean, used) {
+			t.Errorf("%q: into a zero request %+v, into a used one %+v", frame, clean, used)
 		}
 	}
 }
