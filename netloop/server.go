@@ -47,7 +47,8 @@ type Config struct {
 	// that blocked in epoll_wait often came back on another thread (the
 	// scheduler had handed its P on meanwhile), a hand-off that queues it
 	// behind whatever runs there: on 2 cores shared with the clients that
-	// was a quarter of the depth-1 p99 (bench/results/lock-threads.txt).
+	// was a fifth to a quarter of the depth-1 p99
+	// (bench/results/lock-threads.txt).
 	LockThreads bool
 	Logger      *zap.Logger
 	Latency     Observer // optional: time from read to write of each batch
