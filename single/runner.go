@@ -69,7 +69,6 @@ const (
 type part struct {
 	mu      sync.Mutex
 	t       *shard.Table
-	cmd     shard.Command
 	out     []shard.Answer
 	post    []byte
 	orphans []orphan
@@ -593,8 +592,8 @@ func (r *Runner) route(p *part, now int64, self uint64, out []byte) ([]byte, int
 		}
 		o := p.orphans[len(p.orphans)-1]
 		p.orphans = p.orphans[:len(p.orphans)-1]
-		p.cmd = shard.Command{Op: shard.OpRelease, Key: o.key, Token: o.token}
-		p.out = p.t.Apply(now, &p.cmd, p.out[:0])
+		cmd := shard.Command{Op: shard.OpRelease, Key: o.key, Token: o.token}
+		p.out = p.t.Apply(now, &cmd, p.out[:0])
 	}
 	return out, answered
 }
@@ -726,8 +725,7 @@ func (r *Runner) withdraw(conn uint64) {
 // applyInternal applies a command of the server's own (no connection waits
 // for its answer) and dispatches what it decides for others. Under p.mu.
 func (r *Runner) applyInternal(p *part, now int64, cmd shard.Command) {
-	p.cmd = cmd
-	p.out = p.t.Apply(now, &p.cmd, p.out[:0])
+	p.out = p.t.Apply(now, &cmd, p.out[:0])
 	r.dispatch(p, now, 0, nil)
 }
 
