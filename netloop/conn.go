@@ -316,38 +316,69 @@ func (c *Conn) resume() {
 	}
 }
 
-// parkedSet holds paused connections; parkedLoop wakes them now and then so
-// that their loop re-checks their limits.
+// parkedSet holds paused connections; parkedLoop wakes them every
+// parkedEvery so that their loop re-checks their limits, and sleeps
+// while the set is empty, so that an idle server is not woken 100 times
+// a second for nothing.
 type parkedSet struct {
-	mu sync.Mutex
-	m  map[*Conn]struct{}
+	mu   sync.Mutex
+	m    map[*Conn]struct{}
+	kick chan struct{} // sent to when the set stops being empty
 }
 
-func (p *parkedSet) init() { p.m = make(map[*Conn]struct{}) }
+const parkedEvery = 10 * time.Millisecond
 
-func (p *parkedSet) add(c *Conn) { p.mu.Lock(); p.m[c] = struct{}{}; p.mu.Unlock() }
+func (p *parkedSet) init() { p.m = make(map[*Conn]struct{}); p.kick = make(chan struct{}, 1) }
+
+func (p *parkedSet) add(c *Conn) {
+	p.mu.Lock()
+	first := len(p.m) == 0
+	p.m[c] = struct{}{}
+	p.mu.Unlock()
+	if first {
+		select {
+		case p.kick <- struct{}{}:
+		default: // a kick is pending already
+		}
+	}
+}
 
 func (p *parkedSet) del(c *Conn) { p.mu.Lock(); delete(p.m, c); p.mu.Unlock() }
 
+// list appends the parked connections to batch.
+func (p *parkedSet) list(batch []*Conn) []*Conn {
+	p.mu.Lock()
+	for c := range p.m {
+		batch = append(batch, c)
+	}
+	p.mu.Unlock()
+	return batch
+}
+
 func (s *Server) parkedLoop() {
 	defer s.acceptWG.Done()
-	t := time.NewTicker(10 * time.Millisecond)
+	t := time.NewTimer(parkedEvery)
 	defer t.Stop()
 	var batch []*Conn
 	for {
+		batch = s.parked.list(batch[:0])
+		for _, c := range batch {
+			_ = c.gc.Wake(nil)
+		}
+		if len(batch) == 0 {
+			// A connection parked since the list above has kicked.
+			select {
+			case <-s.done:
+				return
+			case <-s.parked.kick:
+			}
+		}
+		clear(batch) // hold no closed connection until the next round
+		t.Reset(parkedEvery)
 		select {
 		case <-s.done:
 			return
 		case <-t.C:
-		}
-		batch = batch[:0]
-		s.parked.mu.Lock()
-		for c := range s.parked.m {
-			batch = append(batch, c)
-		}
-		s.parked.mu.Unlock()
-		for _, c := range batch {
-			_ = c.gc.Wake(nil)
 		}
 	}
 }
