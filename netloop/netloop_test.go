@@ -245,14 +245,16 @@ func TestOutputLimitWithinOneReadDoesNotStall(t *testing.T) {
 	}
 }
 
-// stubConn stands in for gnet's connection in tests of the mailbox alone.
+// stubConn stands in for gnet's connection in tests of the mailbox and
+// the parked loop alone; it counts the wake-ups asked of it.
 type stubConn struct {
 	gnet.Conn
-	ctx any
+	ctx   any
+	wakes atomic.Int32
 }
 
-func (s *stubConn) Context() any                { return s.ctx }
-func (*stubConn) Wake(gnet.AsyncCallback) error { return nil }
+func (s *stubConn) Context() any                  { return s.ctx }
+func (s *stubConn) Wake(gnet.AsyncCallback) error { s.wakes.Add(1); return nil }
 
 func newStubConn(t *testing.T, b Backend) (*handler, *Conn, *stubConn) {
 	t.Helper()
