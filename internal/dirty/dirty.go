@@ -29,9 +29,11 @@ func fill(v reflect.Value) {
 	case reflect.String:
 		v.SetString("stale")
 	case reflect.Slice:
-		if v.Type().Elem().Kind() == reflect.Uint8 {
-			v.SetBytes([]byte("stale"))
+		if v.Type().Elem().Kind() != reflect.Uint8 {
+			// Left nil, a forgotten field of this kind would go unseen.
+			panic("dirty: cannot fill a slice of " + v.Type().Elem().Kind().String())
 		}
+		v.SetBytes([]byte("stale"))
 	default:
 		panic("dirty: cannot fill a " + v.Kind().String())
 	}
