@@ -3,9 +3,12 @@
 package netloop
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -168,4 +171,46 @@ func TestFloodWithoutReadingIsBounded(t *testing.T) {
 	<-writerDone
 	want := wrote.Load() / int64(len(frame))
 	waitFor(t, func() bool { return read.Load() == want })
+}
+
+// A connection paused on its unsent output, with all its input already
+// read into gnet's buffer, has nothing left to wake it once the client
+// drains the output: no byte arrives, and gnet calls no handler when its
+// write finishes. Only the parked loop looks at it again. Small socket
+// buffers on both ends make the answers back up on loopback before the
+// client reads.
+func TestPausedOnOutputGoesOnWhenDrained(t *testing.T) {
+	const n = 2500 // 52 KB of frames: one read of gnet's 64 KB buffer
+	s, addr := startServer(t, Config{Backend: &fakeBackend{}, MaxOutbound: 2 << 10, SendBuffer: 4 << 10})
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	var req bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&req, "A o%04d k%04d 1000 0\n", i, i)
+	}
+	if _, err := c.Write(req.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return s.Stats().Paused > 0 })
+	time.Sleep(50 * time.Millisecond) // let it settle with output pending
+
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	for i := range n {
+		if got, want := readLine(t, r), fmt.Sprintf("A 1 o%04d k%04d", i, i); got != want {
+			t.Fatalf("answer %d: %q, want %q", i, got, want)
+		}
+	}
 }

@@ -43,6 +43,10 @@ type Config struct {
 	MaxInflight int // unanswered requests per connection before it stops being read
 	MaxOutbound int // unsent answer bytes per connection before it stops being read
 	Loops       int // event loops; 0: one per core
+	// SendBuffer is SO_SNDBUF for accepted connections; 0 keeps the
+	// kernel's autotuned size (megabytes on Linux). A small one bounds the
+	// kernel memory a slow reader holds, at the cost of more writes.
+	SendBuffer int
 	// LockThreads keeps each event loop on one OS thread. Unlocked, a loop
 	// that blocked in epoll_wait often came back on another thread (the
 	// scheduler had handed its P on meanwhile), a hand-off that queues it
@@ -170,6 +174,9 @@ func New(cfg Config) (*Server, error) {
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(cfg.Logger.Sugar()),
 		gnet.WithTCPKeepAlive(time.Minute),
+	}
+	if cfg.SendBuffer > 0 {
+		opts = append(opts, gnet.WithSocketSendBuffer(cfg.SendBuffer))
 	}
 	if cfg.LockThreads {
 		opts = append(opts, gnet.WithLockOSThread(true))
