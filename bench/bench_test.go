@@ -312,17 +312,20 @@ func sampleReport() *Report {
 	}
 	// Steady: ticketd spreads 20% at depth 64, the 1-loop echo 25%.
 	r.Steady = &SteadyReport{Rounds: 3, Setups: steadySetups(true)}
-	steady := func(setup int, depth int, pairs ...float64) {
-		for i, v := range pairs {
-			r.Steady.Runs = append(r.Steady.Runs, SteadyRun{Setup: r.Steady.Setups[setup].Name, Depth: depth,
-				Round: i + 1, PairsPerSec: v, P99: d(1000 + 100*i)})
+	// Listed in reverse: the targets find set-ups by role, not position.
+	slices.Reverse(r.Steady.Setups)
+	steady := func(role SteadyRole, depth int, pairs ...float64) {
+		i := slices.IndexFunc(r.Steady.Setups, func(st SteadySetup) bool { return st.Role == role })
+		for k, v := range pairs {
+			r.Steady.Runs = append(r.Steady.Runs, SteadyRun{Setup: r.Steady.Setups[i].Name, Depth: depth,
+				Round: k + 1, PairsPerSec: v, P99: d(1000 + 100*k)})
 		}
 	}
-	steady(0, 64, 1_000_000, 1_100_000, 1_200_000)
-	steady(0, 1, 40_000, 41_000, 42_000)
-	steady(1, 64, 1_250_000, 1_300_000, 1_200_000)
-	steady(2, 64, 2_000_000, 2_500_000, 2_300_000)
-	steady(3, 64, 2_300_000, 2_400_000, 2_350_000)
+	steady(RoleDefault, 64, 1_000_000, 1_100_000, 1_200_000)
+	steady(RoleDefault, 1, 40_000, 41_000, 42_000)
+	steady(RolePerCore, 64, 1_250_000, 1_300_000, 1_200_000)
+	steady(RoleEchoOne, 64, 2_000_000, 2_500_000, 2_300_000)
+	steady(RoleCeiling, 64, 2_300_000, 2_400_000, 2_350_000)
 	r.evaluate()
 	return r
 }

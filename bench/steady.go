@@ -21,10 +21,23 @@ import (
 // SteadySetup is one server set-up of the steady scenario.
 type SteadySetup struct {
 	Name   string
+	Role   SteadyRole
 	System System
 	Flags  []string
 	Env    []string
 }
+
+// SteadyRole is what the targets compare a set-up as; they find set-ups
+// by role, so that the list's order is free.
+type SteadyRole string
+
+const (
+	RoleDefault SteadyRole = "default"  // ticketd as shipped
+	RolePerCore SteadyRole = "per-core" // ticketd, one loop per core
+	RoleEchoOne SteadyRole = "echo-one" // the echo ceiling on the default's share of the cores
+	RoleCeiling SteadyRole = "ceiling"  // the echo ceiling, one loop per core
+	RolePeer    SteadyRole = "peer"     // Redis
+)
 
 // SteadyRun is one fresh server's run at one depth.
 type SteadyRun struct {
@@ -51,15 +64,15 @@ func steadySetups(redis bool) []SteadySetup {
 	half := max(1, cores/2)
 	procs := func(n int) []string { return []string{"GOMAXPROCS=" + strconv.Itoa(n)} }
 	s := []SteadySetup{
-		{Name: "ticketd (default)", System: Ticketd},
-		{Name: fmt.Sprintf("ticketd --loops %d, GOMAXPROCS=%d", cores, 2*cores), System: Ticketd,
+		{Name: "ticketd (default)", Role: RoleDefault, System: Ticketd},
+		{Name: fmt.Sprintf("ticketd --loops %d, GOMAXPROCS=%d", cores, 2*cores), Role: RolePerCore, System: Ticketd,
 			Flags: []string{"--loops", strconv.Itoa(cores)}, Env: procs(2 * cores)},
-		{Name: fmt.Sprintf("echo -loops %d, GOMAXPROCS=%d", half, half), System: Echo,
+		{Name: fmt.Sprintf("echo -loops %d, GOMAXPROCS=%d", half, half), Role: RoleEchoOne, System: Echo,
 			Flags: []string{"-loops", strconv.Itoa(half)}, Env: procs(half)},
-		{Name: fmt.Sprintf("echo, %d loops", cores), System: Echo},
+		{Name: fmt.Sprintf("echo, %d loops", cores), Role: RoleCeiling, System: Echo},
 	}
 	if redis {
-		s = append(s, SteadySetup{Name: "Redis", System: Redis})
+		s = append(s, SteadySetup{Name: "Redis", Role: RolePeer, System: Redis})
 	}
 	return s
 }
@@ -157,6 +170,16 @@ type SteadyStat struct {
 	ServerCores      float64
 }
 
+// roleStat is stat for the set-up that plays role.
+func (r *SteadyReport) roleStat(role SteadyRole, depth int) (SteadyStat, bool) {
+	for _, st := range r.Setups {
+		if st.Role == role {
+			return r.stat(st.Name, depth)
+		}
+	}
+	return SteadyStat{}, false
+}
+
 func (r *SteadyReport) stat(setup string, depth int) (st SteadyStat, ok bool) {
 	var pairs []float64
 	var p99, srvDelay, genDelay []time.Duration
@@ -200,18 +223,18 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 		ceilingName = "steady: ticketd's default depth-64 pairs/s >= 60% of the echo ceiling's, medians of the interleaved rounds"
 	)
 	sr := r.Steady
-	if sr == nil || len(sr.Setups) < 4 {
+	if sr == nil || len(sr.Runs) == 0 {
 		skip(spreadName, "the steady scenario did not run")
 		skip(tradeName, "the steady scenario did not run")
 		skip(ceilingName, "the steady scenario did not run")
 		return
 	}
 	deep := slices.Max(r.plan.SteadyDepths)
-	def, ok1 := sr.stat(sr.Setups[0].Name, deep)
-	perCore, ok2 := sr.stat(sr.Setups[1].Name, deep)
+	def, ok1 := sr.roleStat(RoleDefault, deep)
+	perCore, ok2 := sr.roleStat(RolePerCore, deep)
 	echoes := []SteadyStat{}
-	for _, st := range sr.Setups[2:4] {
-		if e, ok := sr.stat(st.Name, deep); ok {
+	for _, role := range []SteadyRole{RoleEchoOne, RoleCeiling} {
+		if e, ok := sr.roleStat(role, deep); ok {
 			echoes = append(echoes, e)
 		}
 	}
@@ -238,7 +261,7 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 	// one of them moves it by a tenth or more. Here every round runs both
 	// within seconds, and the medians over the rounds are compared. The
 	// ceiling is echo with one loop per core, as in the uncontended section.
-	if ceil, ok := sr.stat(sr.Setups[3].Name, deep); ok && ceil.Median > 0 {
+	if ceil, ok := sr.roleStat(RoleCeiling, deep); ok && ceil.Median > 0 {
 		ratio := def.Median / ceil.Median
 		r.Targets = append(r.Targets, Target{ceilingName,
 			fmt.Sprintf("%s vs %s pairs/s (medians of %d rounds) = %.0f%%", human(def.Median), human(ceil.Median), def.Runs, 100*ratio),
