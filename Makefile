@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 FUZZTIME ?= 30s
 
-.PHONY: help build run cluster test test-alloc test-short vet fuzz bench bench-quick bench-tools clean
+.PHONY: help build run cluster test test-alloc test-short vet fuzz bench bench-quick bench-tools pgo clean
 
 help:
 	@echo "make run          build and start ticketd (single mode, ./ticketd-data)"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench        ticketd vs Redis vs the echo ceiling (about 10 minutes)"
 	@echo "make bench-quick  the same, short (about 1 minute)"
 	@echo "make build        build ticketd and ticketctl into $(BIN)/"
+	@echo "make pgo          profile ticketd under load into cmd/ticketd/default.pgo (then make build)"
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ticketd ./cmd/ticketd
@@ -89,6 +90,12 @@ bench: bench-tools
 
 bench-quick: bench-tools
 	./$(BIN)/bench -quick $(BENCHFLAGS)
+
+# go build optimises ticketd with cmd/ticketd/default.pgo (profile-guided
+# optimisation); this profiles the binary just built under the bench's
+# shapes of load and writes a new one.
+pgo: bench-tools
+	bench/pgo.sh
 
 clean:
 	rm -rf $(BIN)
