@@ -328,3 +328,26 @@ func TestFullDisk(t *testing.T) {
 		t.Errorf("new data dir on a full disk: exit %d, listening %v:\n%s", code, listening, out)
 	}
 }
+
+// A lease longer than any granted before lies past the durable lease
+// ceiling, so its grant waits for a synced write on the request path;
+// ticketd_ceiling_sync_writes_total shows operators how often answers paid
+// that. Short leases after it are covered by the raised ceiling.
+func TestLongLeaseCountsASyncWrite(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, "--admin", "127.0.0.1:0")
+	c := s.dial(t)
+	base, err := s.metric("ticketd_ceiling_sync_writes_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.acquire("o", "long", 3600*1000, 0)
+	v, err := s.metric("ticketd_ceiling_sync_writes_total")
+	if err != nil || v < base+1 {
+		t.Fatalf("ticketd_ceiling_sync_writes_total = %v (error %v) after an hour-long lease, want at least %v", v, err, base+1)
+	}
+	c.acquire("o", "short", 1000, 0)
+	if w, err := s.metric("ticketd_ceiling_sync_writes_total"); err != nil || w != v {
+		t.Fatalf("ticketd_ceiling_sync_writes_total = %v (error %v) after a short lease, want %v", w, err, v)
+	}
+}

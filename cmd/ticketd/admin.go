@@ -157,6 +157,11 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 	c("ticketd_handovers_total", "Grants to a queued acquire, on release or lease end.", tab(func(s shard.Stats) uint64 { return s.HandOvers }))
 	c("ticketd_expiries_total", "Leases that ended without a release.", tab(func(s shard.Stats) uint64 { return s.Expiries }))
 	c("ticketd_swept_total", "Expired keys deleted by the sweep.", tab(func(s shard.Stats) uint64 { return s.Swept }))
+	if sr, ok := r.(interface{ SyncReserves() int64 }); ok {
+		c("ticketd_ceiling_sync_writes_total",
+			"Durable token or lease ceilings written on the request path, because the background raise had fallen behind; answers waited for each write's fsync.",
+			func() float64 { return float64(sr.SyncReserves()) })
+	}
 	if rd, ok := r.(interface{ Ready() bool }); ok {
 		a.mu.Lock()
 		a.readyFn = rd.Ready
