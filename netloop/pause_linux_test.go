@@ -181,7 +181,8 @@ func TestFloodWithoutReadingIsBounded(t *testing.T) {
 // client reads.
 func TestPausedOnOutputGoesOnWhenDrained(t *testing.T) {
 	const n = 2500 // 52 KB of frames: one read of gnet's 64 KB buffer
-	s, addr := startServer(t, Config{Backend: &fakeBackend{}, MaxOutbound: 2 << 10, SendBuffer: 4 << 10})
+	b := &fakeBackend{}
+	s, addr := startServer(t, Config{Backend: b, MaxOutbound: 2 << 10, SendBuffer: 4 << 10})
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
@@ -205,6 +206,16 @@ func TestPausedOnOutputGoesOnWhenDrained(t *testing.T) {
 	}
 	waitFor(t, func() bool { return s.Stats().Paused > 0 })
 	time.Sleep(50 * time.Millisecond) // let it settle with output pending
+	// The state under test: parsing stopped short of the input, and none
+	// of the input waits in the kernel any more, so no read event can come.
+	fd := -1
+	s.reg.each(func(c *Conn) { fd = c.gc.Fd() })
+	if q, err := unix.IoctlGetInt(fd, unix.SIOCINQ); err != nil || q != 0 {
+		t.Fatalf("server socket holds %d unread bytes (error %v): the input was not all read into gnet", q, err)
+	}
+	if h := b.handled.Load(); h >= n {
+		t.Fatalf("handled all %d requests before the client read: never paused with input left", h)
+	}
 
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	r := bufio.NewReader(c)
