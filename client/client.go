@@ -271,6 +271,15 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 // released it, ErrNotHeld when the token does not hold the key (released
 // before, or expired and taken over), a *ConnError, or ctx.Err() if ctx ended
 // first; in the last two cases the release may still have been carried out.
+//
+// If the connection breaks before the answer (a cluster node failed, or
+// answered E unavailable), the release is sent again on another connection
+// while l.Deadline has not passed, so that a node's failure does not leave
+// the lock held to the end of its lease. The lease still ran when the copy
+// went out, so the copy's N means that the first one released the key, and
+// Release returns nil for it as for R. A *ConnError with an unknown outcome
+// comes only when no other connection was up, or the Deadline had passed (a
+// Lock made by hand without one is never sent again).
 func (cl *Client) Release(ctx context.Context, l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err
@@ -295,9 +304,12 @@ func released(c *call) error {
 	switch {
 	case c.err != nil:
 		return c.err
-	case c.res == 'N':
+	case c.res == 'N' && !c.resent:
 		return ErrNotHeld
 	}
+	// R, or N to a release sent again (see slot.resend): the lease still ran
+	// when it was, so the token held the key until one of the two copies
+	// released it.
 	return nil
 }
 
@@ -311,7 +323,8 @@ func released(c *call) error {
 // none is up, it is dropped and the lease ends by itself. A later Acquire of
 // the same key by this client goes out after it on the same connection, so
 // it is not refused by the lock it just gave up (unless that connection
-// breaks in between).
+// breaks in between). One sent and left unanswered by a broken connection is
+// sent again, as Release does.
 func (cl *Client) ReleaseNoWait(l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err
@@ -379,6 +392,7 @@ func (cl *Client) queueRelease(l Lock, noWait bool, fn func(error)) (*call, erro
 	}
 	c := getCall()
 	c.kind, c.internal, c.key, c.token, c.onRelease = 'R', noWait, l.Key, l.Token, fn
+	c.until = l.Deadline
 	if err := cl.submitOrFail(c); err != nil {
 		putCall(c)
 		return nil, err
@@ -453,6 +467,8 @@ type call struct {
 	waitMs   uint64
 	token    uint64
 	sent     time.Time // when the batch holding the request was written
+	until    time.Time // release: the lock's Deadline, before which a lost copy is sent again
+	resent   bool      // release: sent again after its connection broke unanswered
 
 	// AcquireFunc and ReleaseFunc: called with the outcome instead of
 	// waking a waiting caller.

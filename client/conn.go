@@ -294,9 +294,29 @@ func (s *slot) serve(nc net.Conn) {
 	s.mu.Unlock()
 	for _, c := range lost {
 		c.next = nil
+		if s.resend(c) {
+			continue
+		}
 		c.err = &ConnError{Addr: s.addr, Unknown: true, Err: err}
 		s.finish(c)
 	}
+}
+
+// resend hands a release that the broken connection left unanswered to
+// another connection, while the lock's lease still runs by its Deadline. A
+// node that fails (or answers E unavailable) between a release and its
+// answer would otherwise leave the lock held until its lease ends, and its
+// waiters waiting. Sending it again is safe: a token releases its key once,
+// and a key's later holders have larger tokens, so the copy that comes
+// second is answered N. As the lease ran when the copy was sent (Deadline
+// is conservative), an N can only mean that the first copy released the
+// key: released reports both answers as released.
+func (s *slot) resend(c *call) bool {
+	if c.kind != 'R' || c.until.IsZero() || !time.Now().Before(c.until) || s.cl.closed.Load() {
+		return false
+	}
+	c.resent = true
+	return s.cl.submit(c, s)
 }
 
 // failUnsent closes the slot's queue and hands what it held to another
@@ -346,6 +366,7 @@ func (s *slot) finish(c *call) {
 	if c.kind == 'A' && c.res == 'A' && c.err == nil {
 		r := getCall()
 		r.kind, r.internal, r.key, r.token = 'R', true, c.key, c.resToken
+		r.until = c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)
 		if !s.push(r) && !s.cl.submit(r, s) {
 			putCall(r) // no connection: the lease ends by itself
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ticketd/ticketd/client"
 	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/shard"
 )
 
 // fakeServer accepts connections on loopback and runs handle on each.
@@ -546,5 +547,89 @@ func TestUnavailableMovesToAnotherNode(t *testing.T) {
 			t.Fatalf("still failing after 5s: %v", err)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A release whose connection breaks before its answer is sent again on
+// another connection while the lock's Deadline has not passed, so that a
+// node failing between a release and its answer does not leave the lock
+// held to the end of its lease. The copy's R, or its N (the first copy may
+// have released the key), both mean released; past the Deadline, or for a
+// Lock without one, the outcome stays unknown and nothing is sent again.
+func TestReleaseSentAgainAfterBreak(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sickE    bool   // the first node answers E unavailable rather than close
+		answer   string // the second node's answer: R or N
+		deadline time.Duration
+		call     string // Release, ReleaseFunc or ReleaseNoWait
+		again    bool   // the release must reach the second node
+	}{
+		{"closed, R", false, "R", 10 * time.Second, "Release", true},
+		{"closed, N", false, "N", 10 * time.Second, "Release", true},
+		{"E unavailable, R", true, "R", 10 * time.Second, "Release", true},
+		{"ReleaseFunc, N", true, "N", 10 * time.Second, "ReleaseFunc", true},
+		{"ReleaseNoWait", false, "R", 10 * time.Second, "ReleaseNoWait", true},
+		{"lease over", false, "R", -time.Millisecond, "Release", false},
+		{"no deadline", false, "R", 0, "Release", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sick, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+				if readFields(t, r) != nil && tc.sickE {
+					fmt.Fprintf(nc, "E unavailable a shard of this request has no quorum; outcome unknown, try another node\n")
+				}
+			})
+			seen := make(chan []string, 4)
+			healthy, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+				for f := readFields(t, r); f != nil; f = readFields(t, r) {
+					seen <- f
+					fmt.Fprintf(nc, "%s %s %s\n", tc.answer, f[1], f[2])
+				}
+			})
+			// The backoff keeps the first connection down once broken.
+			cl := dial(t, sick+","+healthy, client.WithConns(2), client.WithBackoff(time.Hour, time.Hour))
+			key := "k0"
+			for i := 1; shard.Index(key, 2) != 0; i++ { // a key of the first connection
+				key = "k" + strconv.Itoa(i)
+			}
+			l := client.Lock{Key: key, Token: 7}
+			if tc.deadline != 0 {
+				l.Deadline = time.Now().Add(tc.deadline)
+			}
+			var err error
+			switch tc.call {
+			case "Release":
+				err = cl.Release(testCtx(t), l)
+			case "ReleaseFunc":
+				res := make(chan error, 1)
+				if err := cl.ReleaseFunc(l, func(err error) { res <- err }); err != nil {
+					t.Fatal(err)
+				}
+				err = <-res
+			case "ReleaseNoWait":
+				if err := cl.ReleaseNoWait(l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			switch {
+			case !tc.again && !errors.Is(err, client.ErrOutcomeUnknown):
+				t.Fatalf("%s past the lease: %v, want an unknown outcome", tc.call, err)
+			case tc.again && err != nil:
+				t.Fatalf("%s sent again and answered %s: %v, want nil", tc.call, tc.answer, err)
+			}
+			select {
+			case f := <-seen:
+				if !tc.again {
+					t.Fatalf("sent again past the lease: %q", f)
+				}
+				if want := []string{"R", "7", key}; !slices.Equal(f, want) {
+					t.Fatalf("the second node read %q, want %q", f, want)
+				}
+			case <-time.After(time.Second):
+				if tc.again {
+					t.Fatal("the release never reached the second node")
+				}
+			}
+		})
 	}
 }

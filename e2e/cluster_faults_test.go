@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/client"
+	"github.com/ticketd/ticketd/shard"
 )
 
 // record is one call of the workload as the client saw it. Times are on
@@ -335,4 +336,65 @@ func TestClusterWholeCrashKeepsHolders(t *testing.T) {
 	}
 	w.check(t)
 	c.agree()
+}
+
+// A release that its node cannot commit (here: node 1 without quorum, which
+// answers E unavailable) is sent again by the Go client on its other
+// connection, so that the lock does not stay held to the end of its 30 s
+// lease: the release returns nil once the cluster is whole again, and the
+// key is free at once.
+func TestClusterReleaseSentAgainAfterUnavailable(t *testing.T) {
+	c := startCluster(t, "--unavailable-timeout", "1s")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := client.Dial(ctx, c.addrs(), client.WithConns(2)) // node 1 and node 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	key := "door0"
+	for i := 1; shard.Index(key, 2) != 0; i++ { // a key of the connection to node 1
+		key = fmt.Sprintf("door%d", i)
+	}
+	l, err := cl.Acquire(ctx, key, 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // a stopped node would not stop on SIGTERM
+		for i := 1; i < 3; i++ {
+			syscall.Kill(c.nodes[i].pid(), syscall.SIGCONT)
+		}
+	})
+	c.signal(1, syscall.SIGSTOP)
+	c.signal(2, syscall.SIGSTOP)
+	released := make(chan error, 1)
+	go func() { released <- cl.Release(ctx, l) }()
+	// Node 1 gives up within a second or two (leaderless, or the timeout);
+	// the copy then waits on node 2's connection until node 2 runs again.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := c.nodes[0].metric("ticketd_unavailable_total")
+		if err == nil && v > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 1 without quorum answered no E unavailable within 10s (%v, %v)", v, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-released:
+		t.Fatalf("Release returned %v while nodes 2 and 3 were stopped", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	c.signal(1, syscall.SIGCONT)
+	c.signal(2, syscall.SIGCONT)
+	if err := <-released; err != nil {
+		t.Fatalf("Release across node 1's E unavailable: %v, want nil (sent again on node 2)", err)
+	}
+	h := c.dial(2)
+	h.send(acq("next", key, 1000, 0))
+	if tok := h.expectAcquired("next", key); tok <= l.Token {
+		t.Fatalf("token %d after %d", tok, l.Token)
+	}
 }
