@@ -130,6 +130,26 @@ func TestCheckFlagsLostRelease(t *testing.T) {
 	checkModes(t, b, CheckLinearLock)
 }
 
+// A release sent again after an unknown outcome (as the Go client does):
+// its N is explained by the first copy, which then took effect, so the key
+// is free after it, and a T that says otherwise is caught.
+func TestCheckReleaseSentAgain(t *testing.T) {
+	for _, res := range []string{ResReleased, ResNotReleased} {
+		b := newHist()
+		b.acq(1, "k", 10000, 0, 1, ResGranted, 1)
+		b.rel(1, "k", 1, 10, 0, ResUnknown)
+		b.rel(1, "k", 1, 20, 21, res).Again = true
+		b.acq(2, "k", 10000, 30, 31, ResGranted, 2)
+		checkModes(t, b, "")
+	}
+	b := newHist()
+	b.acq(1, "k", 10000, 0, 1, ResGranted, 1)
+	b.rel(1, "k", 1, 10, 0, ResUnknown)
+	b.rel(1, "k", 1, 20, 21, ResNotReleased).Again = true
+	b.acq(2, "k", 10000, 30, 31, ResTimedOut, 0)
+	checkModes(t, b, CheckLinearLock)
+}
+
 // An acknowledged grant that the server forgot.
 func TestCheckFlagsForgottenGrant(t *testing.T) {
 	b := newHist()

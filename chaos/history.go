@@ -50,6 +50,8 @@ type Op struct {
 	Why      string `json:"why,omitempty"` // for an unknown outcome
 	// For a register write: the grant (op id) whose token is written.
 	Grant int64 `json:"grant,omitempty"`
+	// A release sent again after the one before it had an unknown outcome.
+	Again bool `json:"again,omitempty"`
 }
 
 func (o *Op) String() string {

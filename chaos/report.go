@@ -97,11 +97,24 @@ func (h *History) last() int64 {
 	return t
 }
 
-type tally struct{ granted, timedOut, busy, released, notReleased, acqUnknown, relUnknown, accepted, refused int }
+type tally struct {
+	granted, timedOut, busy, released, notReleased, acqUnknown, relUnknown, accepted, refused int
+	again                                                                                     [3]int // releases sent again: R, N, unknown
+}
 
 func tallyOps(h *History) tally {
 	var t tally
 	for _, o := range h.Ops {
+		if o.Again {
+			switch o.Result {
+			case ResReleased:
+				t.again[0]++
+			case ResNotReleased:
+				t.again[1]++
+			default:
+				t.again[2]++
+			}
+		}
 		switch {
 		case o.Kind == 'W' && o.Result == ResAccepted:
 			t.accepted++
@@ -179,6 +192,8 @@ func writeReport(dir string, o *Outcome) (string, error) {
 		}
 	}
 	p("Connections closed with `E unavailable`: %d. Keys: %d. Grants checked: %d.", len(unavail), o.Check.Keys, o.Check.Grants)
+	p("")
+	p("Releases sent again after an unknown outcome, within the lease (as the Go client does): %d answered R, %d answered N, %d unknown again.", t.again[0], t.again[1], t.again[2])
 	p("")
 	p("## Checks")
 	p("")

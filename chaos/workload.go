@@ -153,6 +153,11 @@ func (w *worker) acquire(key string, leaseMs, waitMs uint64) *Op {
 	return op
 }
 
+// release releases g's token and returns the last copy sent: as the Go
+// client does, a release whose connection broke unanswered goes again on the
+// next connection while g's lease runs (counted from the acquire's invoke,
+// so conservatively), and the checker then judges the copy's R or N against
+// a first copy that may have taken effect.
 func (w *worker) release(g *Op) *Op {
 	if !w.dial() {
 		return nil
@@ -160,6 +165,11 @@ func (w *worker) release(g *Op) *Op {
 	op := &Op{Worker: w.id, Kind: 'R', Workload: w.role, Key: g.Key, Token: g.Token}
 	w.c.do(op, w.timeout(0))
 	w.after()
+	for op.Result == ResUnknown && w.dial() && w.h.Now() < leaseDeadline(g) {
+		op = &Op{Worker: w.id, Kind: 'R', Workload: w.role, Key: g.Key, Token: g.Token, Again: true}
+		w.c.do(op, w.timeout(0))
+		w.after()
+	}
 	return op
 }
 
