@@ -273,13 +273,15 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 // first; in the last two cases the release may still have been carried out.
 //
 // If the connection breaks before the answer (a cluster node failed, or
-// answered E unavailable), the release is sent again on another connection
-// while l.Deadline has not passed, so that a node's failure does not leave
-// the lock held to the end of its lease. The lease still ran when the copy
-// went out, so the copy's N means that the first one released the key, and
-// Release returns nil for it as for R. A *ConnError with an unknown outcome
-// comes only when no other connection was up, or the Deadline had passed (a
-// Lock made by hand without one is never sent again).
+// answered E unavailable), the release is sent again on another connection,
+// or if none is up on the next one that comes up, while l.Deadline has not
+// passed, so that a node's failure does not leave the lock held to the end
+// of its lease. The lease still ran when the copy went out, so the copy's N
+// means that the first one released the key (or, in single mode, that a
+// restart forgot the holder, whose lease the server's grace period still
+// keeps), and Release returns nil for it as for R. A *ConnError with an unknown outcome comes only when no
+// connection came up before the Deadline, or the client was closed (a Lock
+// made by hand without a Deadline is never sent again).
 func (cl *Client) Release(ctx context.Context, l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err

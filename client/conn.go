@@ -50,10 +50,16 @@ type slot struct {
 
 	rtt atomic.Int64 // latest round trip of an answer that did not wait, ns
 
-	mu    sync.Mutex       // guards the pending maps
+	mu    sync.Mutex       // guards the pending maps and held
 	acq   map[uint64]*call // acquires with generated owners, by sequence
 	named map[string]*call // AcquireAs, by owner + "\x00" + key
 	rel   map[uint64]*call // releases by token, chained through next in send order
+
+	// held are releases to send again (see resend) that found no other
+	// connection up: the slot's next connection sends them, and heldTimer
+	// fails those whose lock's Deadline passes first.
+	held      []*call
+	heldTimer *time.Timer
 
 	ncMu sync.Mutex // guards nc against Close
 	nc   net.Conn
@@ -203,6 +209,7 @@ func (s *slot) run(nc net.Conn) {
 			s.homePace.Broke(now, s.cur == s.home)
 		}
 		if s.cl.closed.Load() {
+			s.failHeld(true)
 			return
 		}
 		d := s.cl.cfg.backoffMin << min(attempt, 20)
@@ -216,6 +223,7 @@ func (s *slot) run(nc net.Conn) {
 		case <-t.C:
 		case <-s.cl.ctx.Done():
 			t.Stop()
+			s.failHeld(true)
 			return
 		}
 		nc, _ = s.dial(s.cl.ctx)
@@ -236,6 +244,7 @@ func (s *slot) serve(nc net.Conn) {
 	// the closed mark for a call.
 	s.moving.Store(false)
 	s.head.CompareAndSwap(closedCall, nil)
+	s.sendHeld()
 	s.try.reset(nc)
 	stop := make(chan struct{})
 	wdone := make(chan struct{})
@@ -303,20 +312,88 @@ func (s *slot) serve(nc net.Conn) {
 }
 
 // resend hands a release that the broken connection left unanswered to
-// another connection, while the lock's lease still runs by its Deadline. A
+// another connection, or if none is up to the slot's next one (holding it
+// until then), while the lock's lease still runs by its Deadline. A
 // node that fails (or answers E unavailable) between a release and its
 // answer would otherwise leave the lock held until its lease ends, and its
 // waiters waiting. Sending it again is safe: a token releases its key once,
 // and a key's later holders have larger tokens, so the copy that comes
 // second is answered N. As the lease ran when the copy was sent (Deadline
 // is conservative), an N can only mean that the first copy released the
-// key: released reports both answers as released.
+// key, or that a single-mode restart forgot the holder while its grace
+// period keeps the key from others: released reports both answers as
+// released.
 func (s *slot) resend(c *call) bool {
 	if c.kind != 'R' || c.until.IsZero() || !time.Now().Before(c.until) || s.cl.closed.Load() {
 		return false
 	}
 	c.resent = true
-	return s.cl.submit(c, s)
+	if s.cl.submit(c, s) {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = append(s.held, c)
+	s.armHeld()
+	return true
+}
+
+// armHeld sets heldTimer for the earliest Deadline among held. Under s.mu.
+func (s *slot) armHeld() {
+	var first time.Time
+	for _, c := range s.held {
+		if first.IsZero() || c.until.Before(first) {
+			first = c.until
+		}
+	}
+	if s.heldTimer != nil {
+		s.heldTimer.Stop()
+		s.heldTimer = nil
+	}
+	if len(s.held) > 0 {
+		s.heldTimer = time.AfterFunc(time.Until(first), func() { s.failHeld(false) })
+	}
+}
+
+// failHeld fails the held releases whose Deadline has passed (all of them
+// with all set: the client is closing) with an unknown outcome, as the
+// first copy's break left it.
+func (s *slot) failHeld(all bool) {
+	s.mu.Lock()
+	var due []*call
+	kept := s.held[:0]
+	now := time.Now()
+	for _, c := range s.held {
+		if all || !now.Before(c.until) {
+			due = append(due, c)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(s.held[len(kept):])
+	s.held = kept
+	s.armHeld()
+	s.mu.Unlock()
+	for _, c := range due {
+		c.err = &ConnError{Addr: s.cl.addrList, Unknown: true, Err: errors.New("connection broke with the release in flight; no connection came up before the lease's end")}
+		s.finish(c)
+	}
+}
+
+// sendHeld queues the held releases on the connection just up; the ones
+// whose Deadline passed meanwhile fail.
+func (s *slot) sendHeld() {
+	s.failHeld(false)
+	s.mu.Lock()
+	held := s.held
+	s.held = nil
+	s.armHeld()
+	s.mu.Unlock()
+	for _, c := range held {
+		if !s.push(c) { // closed again at once: the next break holds it anew
+			s.resend(c)
+		}
+	}
 }
 
 // failUnsent closes the slot's queue and hands what it held to another

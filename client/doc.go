@@ -58,7 +58,7 @@
 // request had been sent, so that the server may have carried it out. A
 // release that meets this is sent again on another connection while the
 // lock's Deadline has not passed (see Release), so that it fails so only
-// when no other connection is up. An E line from the server (it could not parse a request) fails every
+// when no connection comes up before then. An E line from the server (it could not parse a request) fails every
 // call unanswered on that connection with a *ConnError wrapping a
 // *ServerError. The client checks keys, owners, leases and waits before
 // sending, so that one bad call cannot take down the calls of others.

@@ -551,27 +551,31 @@ func TestUnavailableMovesToAnotherNode(t *testing.T) {
 }
 
 // A release whose connection breaks before its answer is sent again on
-// another connection while the lock's Deadline has not passed, so that a
-// node failing between a release and its answer does not leave the lock
-// held to the end of its lease. The copy's R, or its N (the first copy may
-// have released the key), both mean released; past the Deadline, or for a
-// Lock without one, the outcome stays unknown and nothing is sent again.
+// another connection, or on the slot's next one if no other is up, while the
+// lock's Deadline has not passed, so that a node failing between a release
+// and its answer does not leave the lock held to the end of its lease. The
+// copy's R, or its N (the first copy may have released the key), both mean
+// released; past the Deadline, or for a Lock without one, the outcome stays
+// unknown and nothing is sent again.
 func TestReleaseSentAgainAfterBreak(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
+		conns    int
 		sickE    bool   // the first node answers E unavailable rather than close
 		answer   string // the second node's answer: R or N
 		deadline time.Duration
 		call     string // Release, ReleaseFunc or ReleaseNoWait
 		again    bool   // the release must reach the second node
 	}{
-		{"closed, R", false, "R", 10 * time.Second, "Release", true},
-		{"closed, N", false, "N", 10 * time.Second, "Release", true},
-		{"E unavailable, R", true, "R", 10 * time.Second, "Release", true},
-		{"ReleaseFunc, N", true, "N", 10 * time.Second, "ReleaseFunc", true},
-		{"ReleaseNoWait", false, "R", 10 * time.Second, "ReleaseNoWait", true},
-		{"lease over", false, "R", -time.Millisecond, "Release", false},
-		{"no deadline", false, "R", 0, "Release", false},
+		{"closed, R", 2, false, "R", 10 * time.Second, "Release", true},
+		{"closed, N", 2, false, "N", 10 * time.Second, "Release", true},
+		{"E unavailable, R", 2, true, "R", 10 * time.Second, "Release", true},
+		{"ReleaseFunc, N", 2, true, "N", 10 * time.Second, "ReleaseFunc", true},
+		{"ReleaseNoWait", 2, false, "R", 10 * time.Second, "ReleaseNoWait", true},
+		{"one connection, R", 1, true, "R", 10 * time.Second, "Release", true},
+		{"one connection, ReleaseFunc, N", 1, false, "N", 10 * time.Second, "ReleaseFunc", true},
+		{"lease over", 2, false, "R", -time.Millisecond, "Release", false},
+		{"no deadline", 2, false, "R", 0, "Release", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sick, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
@@ -586,10 +590,15 @@ func TestReleaseSentAgainAfterBreak(t *testing.T) {
 					fmt.Fprintf(nc, "%s %s %s\n", tc.answer, f[1], f[2])
 				}
 			})
-			// The backoff keeps the first connection down once broken.
-			cl := dial(t, sick+","+healthy, client.WithConns(2), client.WithBackoff(time.Hour, time.Hour))
+			// With two connections, the backoff keeps the first one down
+			// once broken; with one, it redials to the second node at once.
+			backoff := client.WithBackoff(time.Hour, time.Hour)
+			if tc.conns == 1 {
+				backoff = client.WithBackoff(time.Millisecond, 10*time.Millisecond)
+			}
+			cl := dial(t, sick+","+healthy, client.WithConns(tc.conns), backoff)
 			key := "k0"
-			for i := 1; shard.Index(key, 2) != 0; i++ { // a key of the first connection
+			for i := 1; shard.Index(key, tc.conns) != 0; i++ { // a key of the first connection
 				key = "k" + strconv.Itoa(i)
 			}
 			l := client.Lock{Key: key, Token: 7}
@@ -631,5 +640,57 @@ func TestReleaseSentAgainAfterBreak(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A release held for a connection that never comes up fails with an
+// unknown outcome once the lock's Deadline passes, not later.
+func TestReleaseHeldUntilDeadline(t *testing.T) {
+	accepted := make(chan struct{}, 1)
+	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		accepted <- struct{}{}
+		readFields(t, r) // then close
+	})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	<-accepted
+	closeListener() // the redials are refused
+	l := client.Lock{Key: "k", Token: 7, Deadline: time.Now().Add(300 * time.Millisecond)}
+	t0 := time.Now()
+	err := cl.Release(testCtx(t), l)
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("Release with no connection before the lease's end: %v, want an unknown outcome", err)
+	}
+	if d := time.Since(t0); d < 250*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("Release returned after %v, want at the lock's Deadline (300ms)", d)
+	}
+}
+
+// Close fails a release held for the next connection at once.
+func TestCloseFailsHeldRelease(t *testing.T) {
+	accepted := make(chan struct{}, 1)
+	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		accepted <- struct{}{}
+		readFields(t, r) // then close
+	})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	<-accepted
+	closeListener()
+	res := make(chan error, 1)
+	go func() {
+		res <- cl.Release(testCtx(t), client.Lock{Key: "k", Token: 7, Deadline: time.Now().Add(time.Minute)})
+	}()
+	select {
+	case err := <-res:
+		t.Fatalf("Release returned %v before Close, with its lease running and no connection", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	cl.Close()
+	select {
+	case err := <-res:
+		if !errors.Is(err, client.ErrOutcomeUnknown) {
+			t.Fatalf("Release held at Close: %v, want an unknown outcome", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Release still held 5s after Close")
 	}
 }
