@@ -279,9 +279,10 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 // of its lease. The lease still ran when the copy went out, so the copy's N
 // means that the first one released the key (or, in single mode, that a
 // restart forgot the holder, whose lease the server's grace period still
-// keeps), and Release returns nil for it as for R. A *ConnError with an unknown outcome comes only when no
-// connection came up before the Deadline, or the client was closed (a Lock
-// made by hand without a Deadline is never sent again).
+// keeps), and Release returns nil for it as for R. A *ConnError with an
+// unknown outcome comes only when no connection came up before the
+// Deadline, or the client was closed (a Lock made by hand without a
+// Deadline is never sent again).
 func (cl *Client) Release(ctx context.Context, l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err

@@ -390,14 +390,17 @@ func (s *slot) sendHeld() {
 	s.armHeld()
 	s.mu.Unlock()
 	for _, c := range held {
-		if !s.push(c) { // closed again at once: the next break holds it anew
-			s.resend(c)
+		if !s.push(c) && !s.resend(c) { // closed again at once (Close): fail it
+			c.err = &ConnError{Addr: s.addr, Unknown: true, Err: ErrClosed}
+			s.finish(c)
 		}
 	}
 }
 
 // failUnsent closes the slot's queue and hands what it held to another
-// connection, or fails it with err as not sent.
+// connection, or fails it with err as not sent. A release sent again is
+// held for the next connection instead (see resend): its first copy's
+// outcome is unknown.
 func (s *slot) failUnsent(err error) {
 	c := s.head.Swap(closedCall)
 	if c == closedCall {
@@ -406,11 +409,12 @@ func (s *slot) failUnsent(err error) {
 	for c != nil {
 		next := c.next
 		c.next = nil
-		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) {
+		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) ||
+			c.resent && s.resend(c) {
 			c = next
 			continue
 		}
-		c.err = &ConnError{Addr: s.addr, Err: err}
+		c.err = &ConnError{Addr: s.addr, Unknown: c.resent, Err: err}
 		s.finish(c)
 		c = next
 	}
