@@ -323,7 +323,8 @@ func released(c *call) error {
 // if the release cannot be queued (ErrInvalid, ErrClosed, or a *ConnError
 // when no connection is up); what the server answers is not reported. A
 // release queued when its connection breaks goes out on another one; if
-// none is up, it is dropped and the lease ends by itself. A later Acquire of
+// none is up, on the next one to come up, unless l.Deadline passes first
+// (then the lease has ended by itself). A later Acquire of
 // the same key by this client goes out after it on the same connection, so
 // it is not refused by the lock it just gave up (unless that connection
 // breaks in between). One sent and left unanswered by a broken connection is

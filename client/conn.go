@@ -328,8 +328,14 @@ func (s *slot) resend(c *call) bool {
 		return false
 	}
 	c.resent = true
-	if s.cl.submit(c, s) {
-		return true
+	return s.cl.submit(c, s) || s.hold(c)
+}
+
+// hold keeps release c for the slot's next connection, while its lock's
+// Deadline has not passed; false if it has, or the client is closed.
+func (s *slot) hold(c *call) bool {
+	if c.kind != 'R' || c.until.IsZero() || !time.Now().Before(c.until) || s.cl.closed.Load() {
+		return false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -398,9 +404,10 @@ func (s *slot) sendHeld() {
 }
 
 // failUnsent closes the slot's queue and hands what it held to another
-// connection, or fails it with err as not sent. A release sent again is
-// held for the next connection instead (see resend): its first copy's
-// outcome is unknown.
+// connection, or fails it with err as not sent. A release sent again (see
+// resend), whose first copy's outcome is unknown, and one that nobody waits
+// for (ReleaseNoWait, or a late grant's) are held for the next connection
+// instead, while their lock's Deadline has not passed.
 func (s *slot) failUnsent(err error) {
 	c := s.head.Swap(closedCall)
 	if c == closedCall {
@@ -410,7 +417,7 @@ func (s *slot) failUnsent(err error) {
 		next := c.next
 		c.next = nil
 		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) ||
-			c.resent && s.resend(c) {
+			c.kind == 'R' && (c.resent || c.internal) && s.hold(c) {
 			c = next
 			continue
 		}
@@ -448,8 +455,8 @@ func (s *slot) finish(c *call) {
 		r := getCall()
 		r.kind, r.internal, r.key, r.token = 'R', true, c.key, c.resToken
 		r.until = c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)
-		if !s.push(r) && !s.cl.submit(r, s) {
-			putCall(r) // no connection: the lease ends by itself
+		if !s.push(r) && !s.cl.submit(r, s) && !s.hold(r) {
+			putCall(r) // no connection before the lease's end
 		}
 	}
 	putCall(c)

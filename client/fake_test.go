@@ -694,3 +694,38 @@ func TestCloseFailsHeldRelease(t *testing.T) {
 		t.Fatal("Release still held 5s after Close")
 	}
 }
+
+// A grant that arrives after its caller gave up is released by the client;
+// when the connection that brought it breaks at once, the release goes out
+// on the next connection rather than leave the lock to its lease.
+func TestLateGrantReleasedOnNextConnection(t *testing.T) {
+	first, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		f := readFields(t, r) // A owner key lease wait
+		if f == nil {
+			return
+		}
+		time.Sleep(300 * time.Millisecond) // the caller has given up by now
+		fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
+	}) // and close
+	seen := make(chan []string, 4)
+	next, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		for f := readFields(t, r); f != nil; f = readFields(t, r) {
+			seen <- f
+			fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+		}
+	})
+	cl := dial(t, first+","+next, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := cl.Acquire(ctx, "k", 10*time.Second, 5*time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire: %v, want the context's end", err)
+	}
+	select {
+	case f := <-seen:
+		if want := []string{"R", "5", "k"}; !slices.Equal(f, want) {
+			t.Fatalf("the next node read %q, want %q", f, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the late grant was never released on the next connection")
+	}
+}
