@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync"
 
@@ -62,6 +63,13 @@ type fsm struct {
 	cmd     shard.Command        // scratch
 	mine    []shard.Answer       // answers for this node, per Update
 	arena   []byte               // copies of the keys and owners in mine
+
+	// For the leader's timer loop, set before the first Update: it delays
+	// lease ends by skew, and timersMoved wakes it when an Update moves the
+	// earliest command due (due, math.MaxInt64: none) earlier.
+	skew        int64
+	timersMoved func()
+	due         int64
 }
 
 func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
@@ -70,6 +78,7 @@ func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
 		idx: idx, cfg: cfg, node: node, out: out,
 		t:     shard.New(cfg),
 		props: make(map[uint32]*proposer),
+		due:   math.MaxInt64,
 	}
 }
 
@@ -87,11 +96,30 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 		ents[i].Result = sm.Result{Value: 1}
 		f.applied = ents[i].Index
 	}
+	moved := f.timersEarlier()
 	f.mu.Unlock()
+	if moved {
+		f.timersMoved()
+	}
 	if len(f.mine) > 0 && f.out != nil {
 		f.out.deliver(f.idx, f.mine)
 	}
 	return ents, err
+}
+
+// timersEarlier records the earliest command due and tells whether it moved
+// earlier (a new wait, a grant), for the timer loop. Under f.mu.
+func (f *fsm) timersEarlier() bool {
+	if f.timersMoved == nil {
+		return false
+	}
+	d, ok := f.t.NextDue(f.skew)
+	if !ok {
+		d = math.MaxInt64
+	}
+	moved := d < f.due
+	f.due = d
+	return moved
 }
 
 // applyEntry applies one batch. Under f.mu.
@@ -203,8 +231,14 @@ func (f *fsm) SaveSnapshot(ctx interface{}, w io.Writer, _ sm.ISnapshotFileColle
 // RecoverFromSnapshot implements sm.IConcurrentStateMachine.
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.readState(bufio.NewReader(r))
+	err := f.readState(bufio.NewReader(r))
+	f.due = math.MaxInt64 // the table restored may have any timers
+	moved := f.timersEarlier()
+	f.mu.Unlock()
+	if moved {
+		f.timersMoved()
+	}
+	return err
 }
 
 // Close implements sm.IConcurrentStateMachine.

@@ -3,6 +3,7 @@ package shard
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -249,6 +250,22 @@ func (m *model) timers() []mTimer {
 	}
 	slices.SortFunc(r, cmpTimer)
 	return r
+}
+
+// nextDue is the earliest timer with lease ends delayed by leaseDelay, found by scanning.
+func (m *model) nextDue(leaseDelay int64) (int64, bool) {
+	ts := m.timers()
+	if len(ts) == 0 {
+		return 0, false
+	}
+	best := int64(math.MaxInt64)
+	for _, tm := range ts {
+		if !tm.isWait {
+			tm.at += leaseDelay
+		}
+		best = min(best, tm.at)
+	}
+	return best, true
 }
 
 func (m *model) nextDeadline() (int64, bool) {
@@ -709,6 +726,14 @@ func modelRun(seed uint64, steps int) error {
 			}
 			if d, ok := im.t.NextDeadline(); d != wd || ok != wok {
 				return fmt.Errorf("step %d %s: next deadline %d %v, model %d %v", i, im.name, d, ok, wd, wok)
+			}
+			if m.repl {
+				for _, delay := range []int64{0, 3e6, 500e6} {
+					d, ok := im.t.NextDue(delay)
+					if wd, wok := m.nextDue(delay); d != wd || ok != wok {
+						return fmt.Errorf("step %d %s: next due with leases %dns later: %d %v, model %d %v", i, im.name, delay, d, ok, wd, wok)
+					}
+				}
 			}
 		}
 		if len(h.waiting) != ms.Waiters {

@@ -410,6 +410,36 @@ func (t *Table) NextDeadline() (int64, bool) {
 	return t.heap[0].at, true
 }
 
+// NextDue (cluster leader) is the earliest time at which Due would report a command when
+// lease ends are asked for leaseDelay after wait ends, as the leader does (its clock skew);
+// false: no timer. It reads only the part of the heap that could be earlier, so a leader
+// can sleep until then instead of polling.
+func (t *Table) NextDue(leaseDelay int64) (int64, bool) {
+	if len(t.heap) == 0 {
+		return 0, false
+	}
+	best := int64(math.MaxInt64)
+	stack := append(t.due[:0], 0)
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		tm := &t.heap[i]
+		if tm.at >= best {
+			continue // nothing below it is earlier
+		}
+		d := tm.at
+		if tm.w == nil {
+			d += leaseDelay
+		}
+		best = min(best, d)
+		for c := 2*i + 1; c <= 2*i+2 && c < len(t.heap); c++ {
+			stack = append(stack, c)
+		}
+	}
+	t.due = stack[:0]
+	return best, true
+}
+
 // Due (cluster leader) appends the OpExpire/OpWaitTimeout commands due at now without applying them.
 // It reports the same commands again on every call until they are applied (a stale one is a
 // no-op then), in the order Tick would act on them. Key slices point into table memory:
