@@ -165,3 +165,33 @@ func TestFSMRejectsAMalformedEntry(t *testing.T) {
 		t.Fatal("unknown version applied")
 	}
 }
+
+// An Update wakes the leader's timer loop only when it moves the next
+// command due earlier: a first lease, a shorter one, a wait that ends
+// before the leases; not a later lease, nor a release.
+func TestFSMTellsTimersMovedEarlier(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	kicks := 0
+	f.skew, f.timersMoved = 500e6, func() { kicks++ }
+	c := requesterConn(1, 5)
+	step := func(name string, want int, cmds ...shard.Command) {
+		t.Helper()
+		update(t, f, batch{h: header{node: 1, inc: 1, stamp: 1e9}, cmds: cmds})
+		if kicks != want {
+			t.Fatalf("%s: %d kicks, want %d", name, kicks, want)
+		}
+	}
+	step("first lease", 1, acquire(c, 1, "o", "a", 2000, 0))                                                      // due at 1s + 2s + skew
+	step("later lease", 1, acquire(c, 2, "o", "b", 5000, 0))                                                      // 6.5s
+	step("shorter lease", 2, acquire(c, 3, "o", "c", 1000, 0))                                                    // 2.5s
+	step("wait before the leases end", 3, acquire(c, 4, "p", "a", 1000, 300))                                     // wait ends at 1.3s
+	rel := shard.Command{Op: shard.OpRelease, From: shard.Requester{Conn: c, Seq: 5}, Key: []byte("c"), Token: 3} // tokens count per shard: a 1, b 2, c 3
+	step("release", 3, rel)
+	if last := rec.got[len(rec.got)-1]; last != "R  c" {
+		t.Fatalf("the release was answered %q", last)
+	}
+	if d, ok := f.t.NextDue(f.skew); !ok || d != 1.3e9 || f.due != d {
+		t.Fatalf("next due %d %v, recorded %d; want 1.3s", d, ok, f.due)
+	}
+}
