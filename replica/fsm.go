@@ -65,8 +65,9 @@ type fsm struct {
 	arena   []byte               // copies of the keys and owners in mine
 
 	// For the leader's timer loop, set before the first Update: it delays
-	// lease ends by skew, and timersMoved wakes it when an Update moves the
-	// earliest command due (due, math.MaxInt64: none) earlier.
+	// lease ends by skew, and timersMoved wakes it when an Update sets a
+	// timer due before due, the time the loop last planned to look at the
+	// shard (it sets due; math.MaxInt64: nothing due).
 	skew        int64
 	timersMoved func()
 	due         int64
@@ -107,19 +108,25 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	return ents, err
 }
 
-// timersEarlier records the earliest command due and tells whether it moved
-// earlier (a new wait, a grant), for the timer loop. Under f.mu.
+// timersEarlier tells whether the commands just applied set a timer that
+// comes due before the timer loop planned to look at the shard (a new wait,
+// a grant), and moves the plan to it. O(1), with every Update: timers that
+// end only move the next one later, which the loop finds when it looks.
+// Under f.mu.
 func (f *fsm) timersEarlier() bool {
 	if f.timersMoved == nil {
 		return false
 	}
-	d, ok := f.t.NextDue(f.skew)
-	if !ok {
-		d = math.MaxInt64
+	lease, wait := f.t.NewTimers()
+	d := wait
+	if lease < math.MaxInt64 {
+		d = min(d, lease+f.skew)
 	}
-	moved := d < f.due
+	if d >= f.due {
+		return false
+	}
 	f.due = d
-	return moved
+	return true
 }
 
 // applyEntry applies one batch. Under f.mu.
@@ -232,11 +239,11 @@ func (f *fsm) SaveSnapshot(ctx interface{}, w io.Writer, _ sm.ISnapshotFileColle
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
 	f.mu.Lock()
 	err := f.readState(bufio.NewReader(r))
-	f.due = math.MaxInt64 // the table restored may have any timers
-	moved := f.timersEarlier()
+	f.t.NewTimers()
+	f.due = math.MaxInt64
 	f.mu.Unlock()
-	if moved {
-		f.timersMoved()
+	if f.timersMoved != nil {
+		f.timersMoved() // the table restored may have any timers
 	}
 	return err
 }

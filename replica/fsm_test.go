@@ -166,9 +166,9 @@ func TestFSMRejectsAMalformedEntry(t *testing.T) {
 	}
 }
 
-// An Update wakes the leader's timer loop only when it moves the next
-// command due earlier: a first lease, a shorter one, a wait that ends
-// before the leases; not a later lease, nor a release.
+// An Update wakes the leader's timer loop only when it sets a timer due
+// before the loop planned to look: a first lease, a shorter one, a wait
+// that ends before the leases; not a later lease, nor a release.
 func TestFSMTellsTimersMovedEarlier(t *testing.T) {
 	rec := &recorder{}
 	f := newFSM(0, 1, shard.Config{}, rec)

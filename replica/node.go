@@ -767,7 +767,12 @@ func (n *Node) runTimers(skew int64, expires, waits *[]shard.Command) int64 {
 				}
 			}
 		}
-		if due, ok := f.t.NextDue(skew); ok && count == 0 {
+		due, ok := f.t.NextDue(skew)
+		if !ok {
+			due = math.MaxInt64
+		}
+		f.due = due // Updates that set a timer before it kick the loop
+		if count == 0 {
 			next = min(next, due)
 		}
 		f.mu.Unlock()

@@ -187,6 +187,9 @@ type Table struct {
 	st      Stats
 	due     []int    // scratch for Due
 	gone    []*entry // scratch for Sweep
+	// The earliest lease end and wait end set since NewTimers last ran
+	// (math.MaxInt64: none).
+	newLease, newWait int64
 }
 
 // New returns an empty table. It panics on a Config that cannot work: a shared key Budget
@@ -195,7 +198,8 @@ func New(cfg Config) *Table {
 	if cfg.Replicated && (cfg.Keys != nil || cfg.Waiters != nil) {
 		panic("shard: Config.Keys and Config.Waiters must be nil in Replicated mode")
 	}
-	t := &Table{cfg: cfg, keys: newKeyIndex(), conns: make(map[connID]*waiter)}
+	t := &Table{cfg: cfg, keys: newKeyIndex(), conns: make(map[connID]*waiter),
+		newLease: math.MaxInt64, newWait: math.MaxInt64}
 	return t
 }
 
@@ -440,6 +444,15 @@ func (t *Table) NextDue(leaseDelay int64) (int64, bool) {
 	return best, true
 }
 
+// NewTimers (cluster leader) returns the earliest lease end and the earliest wait end set
+// since its last call (math.MaxInt64: none), and forgets them: the only way NextDue moves
+// earlier, found without walking the heap after every batch of commands.
+func (t *Table) NewTimers() (lease, wait int64) {
+	lease, wait = t.newLease, t.newWait
+	t.newLease, t.newWait = math.MaxInt64, math.MaxInt64
+	return lease, wait
+}
+
 // Due (cluster leader) appends the OpExpire/OpWaitTimeout commands due at now without applying them.
 // It reports the same commands again on every call until they are applied (a stale one is a
 // no-op then), in the order Tick would act on them. Key slices point into table memory:
@@ -635,11 +648,13 @@ func (t *Table) syncLease(e *entry) {
 	}
 	if e.hidx < 0 {
 		t.heap.push(timer{at: e.deadline, tie: e.token, e: e})
+		t.newLease = min(t.newLease, e.deadline)
 		return
 	}
 	if tm := &t.heap[e.hidx]; tm.at != e.deadline || tm.tie != e.token {
 		tm.at, tm.tie = e.deadline, e.token
 		t.heap.fix(e.hidx)
+		t.newLease = min(t.newLease, e.deadline)
 	}
 }
 
@@ -772,6 +787,7 @@ func (t *Table) link(e *entry, w *waiter) {
 
 	w.hidx = -1
 	t.heap.push(timer{at: w.wait, tie: w.id, w: w})
+	t.newWait = min(t.newWait, w.wait)
 }
 
 // removeWaiter takes w off its queue, its connection's list and the heap, and frees it.
