@@ -861,7 +861,7 @@ func (n *Node) mayHandBack(g *group, want uint32, now time.Time) bool {
 // (their waits could be neither granted nor ended).
 func (n *Node) quorumLoop() {
 	quiet := n.opt.UnavailableTimeout / 2
-	var cmds []shard.Command
+	var ids []uint64
 	n.every(quiet, func() {
 		for _, g := range n.grps {
 			f := g.fsm.Load()
@@ -870,13 +870,15 @@ func (n *Node) quorumLoop() {
 			}
 			var conns []uint64
 			f.mu.Lock()
-			cmds = f.t.Waiting(n.opt.NodeID, cmds[:0])
-			for i := range cmds {
-				if c := cmds[i].From.Conn; c>>connBits == n.inc {
+			// One entry per connection, not per waiter: a quiet shard may
+			// hold many queued acquires, and Update waits on this lock.
+			ids = f.t.WaitingConns(n.opt.NodeID, ids[:0])
+			f.mu.Unlock()
+			for _, c := range ids {
+				if c>>connBits == n.inc {
 					conns = append(conns, c&connMask)
 				}
 			}
-			f.mu.Unlock()
 			if len(conns) == 0 {
 				continue
 			}

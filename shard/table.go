@@ -376,6 +376,17 @@ func (t *Table) Waiting(node uint32, out []Command) []Command {
 	return out
 }
 
+// WaitingConns appends the connections of node that have acquires queued, in no order: one
+// entry per connection, without looking at its waiters.
+func (t *Table) WaitingConns(node uint32, out []uint64) []uint64 {
+	for id := range t.conns {
+		if id.node == node {
+			out = append(out, id.conn)
+		}
+	}
+	return out
+}
+
 // Tick (single mode) applies everything due at now: hand-over at lease end to the queue head for
 // keys with waiters, and wait timeouts. Timers run in deadline order; at equal deadlines wait
 // timeouts come before lease ends, then lower tokens and earlier arrivals first. A key whose

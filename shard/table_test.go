@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -384,5 +385,18 @@ func TestWaitingListsOneNodesWaitersInArrivalOrder(t *testing.T) {
 	}
 	if got := tb.Waiting(3, nil); len(got) != 0 {
 		t.Fatalf("Waiting(3) = %+v", got)
+	}
+	// WaitingConns: each connection once, however many it queued; none
+	// once their waits are gone.
+	acq(1, 9, "a", 5000)
+	conns := tb.WaitingConns(1, nil)
+	slices.Sort(conns)
+	if !slices.Equal(conns, []uint64{3, 9}) {
+		t.Fatalf("WaitingConns(1) = %v, want [3 9]", conns)
+	}
+	tb.Apply(0, &Command{Op: OpWithdraw, From: Requester{Node: 1, Conn: 9}}, nil)
+	tb.Apply(0, &Command{Op: OpWithdraw, From: Requester{Node: 1, Conn: 3}}, nil)
+	if conns := tb.WaitingConns(1, nil); len(conns) != 0 {
+		t.Fatalf("WaitingConns(1) after the withdrawals = %v", conns)
 	}
 }
