@@ -73,14 +73,15 @@ func serveFake(t *testing.T, ln net.Listener, handle func(nc net.Conn, r *bufio.
 }
 
 // brokenClient is a client of one connection that breaks once it has read
-// the first request, and that then has nothing to redial.
-func brokenClient(t *testing.T) *client.Client {
+// the first request, and that then has nothing to redial. opts come after
+// its own (a short backoff: redials that are refused).
+func brokenClient(t *testing.T, opts ...client.Option) *client.Client {
 	accepted := make(chan struct{}, 1)
 	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
 		accepted <- struct{}{}
 		readFields(t, r) // then close
 	})
-	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
+	cl := dial(t, addr, append([]client.Option{client.WithConns(1), client.WithBackoff(time.Hour, time.Hour)}, opts...)...)
 	<-accepted
 	closeListener()
 	return cl
@@ -646,14 +647,7 @@ func TestReleaseSentAgainAfterBreak(t *testing.T) {
 // A release held for a connection that never comes up fails with an
 // unknown outcome once the lock's Deadline passes, not later.
 func TestReleaseHeldUntilDeadline(t *testing.T) {
-	accepted := make(chan struct{}, 1)
-	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-		accepted <- struct{}{}
-		readFields(t, r) // then close
-	})
-	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
-	<-accepted
-	closeListener() // the redials are refused
+	cl := brokenClient(t, client.WithBackoff(time.Millisecond, 10*time.Millisecond))
 	l := client.Lock{Key: "k", Token: 7, Deadline: time.Now().Add(300 * time.Millisecond)}
 	t0 := time.Now()
 	err := cl.Release(testCtx(t), l)
@@ -667,14 +661,7 @@ func TestReleaseHeldUntilDeadline(t *testing.T) {
 
 // Close fails a release held for the next connection at once.
 func TestCloseFailsHeldRelease(t *testing.T) {
-	accepted := make(chan struct{}, 1)
-	addr, closeListener := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-		accepted <- struct{}{}
-		readFields(t, r) // then close
-	})
-	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
-	<-accepted
-	closeListener()
+	cl := brokenClient(t, client.WithBackoff(time.Millisecond, 10*time.Millisecond))
 	res := make(chan error, 1)
 	go func() {
 		res <- cl.Release(testCtx(t), client.Lock{Key: "k", Token: 7, Deadline: time.Now().Add(time.Minute)})
