@@ -324,17 +324,23 @@ func (s *slot) serve(nc net.Conn) {
 // period keeps the key from others: released reports both answers as
 // released.
 func (s *slot) resend(c *call) bool {
-	if c.kind != 'R' || c.until.IsZero() || !time.Now().Before(c.until) || s.cl.closed.Load() {
+	if !s.mayResend(c) {
 		return false
 	}
 	c.resent = true
 	return s.cl.submit(c, s) || s.hold(c)
 }
 
+// mayResend tells whether c is a release whose lock's Deadline has not
+// passed, on a client still open.
+func (s *slot) mayResend(c *call) bool {
+	return c.kind == 'R' && !c.until.IsZero() && time.Now().Before(c.until) && !s.cl.closed.Load()
+}
+
 // hold keeps release c for the slot's next connection, while its lock's
 // Deadline has not passed; false if it has, or the client is closed.
 func (s *slot) hold(c *call) bool {
-	if c.kind != 'R' || c.until.IsZero() || !time.Now().Before(c.until) || s.cl.closed.Load() {
+	if !s.mayResend(c) {
 		return false
 	}
 	s.mu.Lock()
