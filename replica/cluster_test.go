@@ -208,6 +208,30 @@ func TestClusterLeaseEndsByCommittedExpire(t *testing.T) {
 	c.checkReplicasAgree()
 }
 
+// With the timer loop's idle sleep at an hour, waits and leases still end
+// on time: the loop is woken by the Update that sets a timer, and, on a
+// node that becomes a shard's leader, by the leader change.
+func TestClusterTimersRunOnKicks(t *testing.T) {
+	c := newTestClusterWith(t, 1, func(o *Options) { o.timerIdle = time.Hour; o.MaxClockSkew = 50 * time.Millisecond })
+	leader := c.leaderOf("k")
+	other := (leader + 1) % 3
+	a, b := c.dial(other), c.dial(other)
+	a.send("A h k 60000 0")
+	a.expect("A 1 h k")
+	b.send("A w k 60000 300") // its wait ends before the lease
+	b.expect("T w k")
+	a.send("A x e 200 0")
+	a.expect("A 2 x e")
+	b.send("A y e 60000 10000")
+	b.expect("A 3 y e") // after the lease and the skew
+	// A wait queued while another node leads, which then stops: the node
+	// that takes the shard over ends it.
+	b.send("A z k 60000 1500")
+	time.Sleep(200 * time.Millisecond)
+	c.stop(leader)
+	b.expect("T z k")
+}
+
 // checkReplicasAgree waits until every node has applied the same index of
 // each shard and compares the replicas' state digests.
 func (c *testCluster) checkReplicasAgree() {

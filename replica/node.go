@@ -55,6 +55,10 @@ type Options struct {
 	// offset it to play a node whose clock is wrong.
 	Clock  func() int64
 	Logger *zap.Logger
+
+	// timerIdle is the longest the timer loop sleeps (default 100ms); a
+	// test sets it long to see the loop driven by its kicks alone.
+	timerIdle time.Duration
 }
 
 // election is the election timeout.
@@ -87,6 +91,9 @@ func (o *Options) validate() error {
 	}
 	if o.UnavailableTimeout <= 0 {
 		o.UnavailableTimeout = 5 * time.Second
+	}
+	if o.timerIdle <= 0 {
+		o.timerIdle = 100 * time.Millisecond
 	}
 	if o.LeaderlessTimeout <= 0 {
 		o.LeaderlessTimeout = 4 * o.election()
@@ -693,8 +700,8 @@ func (n *Node) every(d time.Duration, fn func()) {
 // woken sooner by kickTimers: when an Update moves a shard's earliest one
 // earlier, when leadership changes, and when a timer proposal ends. It
 // runs at most once per timerMin (under load most Updates kick it), and
-// at least once per timerIdle, which also bounds how late a jump of the
-// clock can make it. Polling every 2 ms instead cost an idle cluster a
+// at least once per Options.timerIdle (100 ms), which also bounds how late
+// a jump of the clock can make it. Polling every 2 ms instead cost an idle cluster a
 // steady 500 wakeups a second per node.
 func (n *Node) timerLoop() {
 	defer n.wg.Done()
@@ -716,18 +723,16 @@ func (n *Node) timerLoop() {
 		}
 		ranAt = time.Now()
 		next := n.runTimers(skew, &expires, &waits)
-		d := timerIdle
+		d := n.opt.timerIdle
 		if next < math.MaxInt64 {
-			d = min(timerIdle, max(timerMin, time.Duration(next-n.now())))
+			d = min(n.opt.timerIdle, max(timerMin, time.Duration(next-n.now())))
 		}
 		t.Reset(d)
 	}
 }
 
-const (
-	timerMin  = 2 * time.Millisecond
-	timerIdle = 100 * time.Millisecond
-)
+// timerMin is the shortest time between two runs of the timer loop.
+const timerMin = 2 * time.Millisecond
 
 // kickTimers wakes timerLoop to look at the shards again.
 func (n *Node) kickTimers() {
