@@ -54,9 +54,13 @@ func pauseRead(epfd, fd int, writing bool) error {
 	if epfd < 0 {
 		return nil
 	}
-	var ev uint32
+	// EPOLLRDHUP without EPOLLIN: gnet closes a connection whose client
+	// has closed its side, as it does when reading finds the end, so that
+	// a paused connection that goes away is not kept (its queued acquires
+	// withdrawn, grants for it released) until it is resumed.
+	ev := uint32(unix.EPOLLRDHUP)
 	if writing {
-		ev = unix.EPOLLOUT
+		ev |= unix.EPOLLOUT
 	}
 	return unix.EpollCtl(epfd, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Fd: int32(fd), Events: ev})
 }

@@ -225,3 +225,22 @@ func TestPausedOnOutputGoesOnWhenDrained(t *testing.T) {
 		}
 	}
 }
+
+// A connection paused on its in-flight limit, with nothing to write, is
+// not read; the client's close must still be seen, so that the backend
+// withdraws its queued acquires and releases what is granted to it, as
+// for any connection that goes away.
+func TestPausedConnectionThatClosesIsClosed(t *testing.T) {
+	b := &fakeBackend{}
+	s, addr := startServer(t, Config{Backend: b, MaxInflight: 4})
+	c, _ := dial(t, addr)
+	if _, err := c.Write(bytes.Repeat([]byte("A w later 1000 0\n"), 8)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return s.paused.Load() == 1 })
+	if got := b.handled.Load(); got != 4 {
+		t.Fatalf("the backend got %d requests, want the limit of 4", got)
+	}
+	_ = c.Close()
+	waitFor(t, func() bool { return b.closed.Load() == 1 })
+}
