@@ -226,7 +226,7 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 	var acq, rel int64
 	// Nothing is written to the connection while parsing, so its unsent
 	// bytes stay as they are: the limits come down to counts.
-	maxIn := s.cfg.MaxInflight
+	maxIn, recounted := s.cfg.MaxInflight, false
 	maxOut := s.cfg.MaxOutbound - c.gc.OutboundBuffered()
 	flush := func() bool {
 		if len(reqs) == 0 {
@@ -246,6 +246,10 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 				action = gnet.Close
 				break
 			}
+		}
+		if c.inflight >= maxIn && !recounted {
+			recounted = true
+			maxIn += s.cfg.Backend.Queued(c)
 		}
 		if c.inflight >= maxIn || len(out) >= maxOut {
 			break
@@ -288,8 +292,9 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 // over tells whether the connection is past its limits; pending counts
 // answer bytes not yet handed to gnet.
 func (c *Conn) over(pending int) bool {
-	return c.inflight >= c.s.cfg.MaxInflight ||
-		c.gc.OutboundBuffered()+pending >= c.s.cfg.MaxOutbound
+	max := c.s.cfg.MaxInflight
+	return c.gc.OutboundBuffered()+pending >= c.s.cfg.MaxOutbound ||
+		c.inflight >= max && c.inflight-c.s.cfg.Backend.Queued(c) >= max
 }
 
 // pause stops parsing the connection and, where pause_linux.go can, reading

@@ -49,6 +49,7 @@ func (b *fakeBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte,
 
 func (b *fakeBackend) Closed(*Conn)          { b.closed.Add(1) }
 func (*fakeBackend) Orphaned(uint64, []byte) {}
+func (*fakeBackend) Queued(*Conn) int        { return 0 } // parked acquires are undecided
 
 func startServer(t *testing.T, cfg Config) (*Server, string) {
 	t.Helper()

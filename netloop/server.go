@@ -30,6 +30,12 @@ type Backend interface {
 	// Orphaned releases a grant that was decided for a connection that
 	// closed before the answer could be written, so that no lock leaks.
 	Orphaned(token uint64, key []byte)
+	// Queued tells how many of c's unanswered requests are acquires waiting
+	// in their key's queue. They do not count against MaxInflight: the lock
+	// table bounds them (B), and a connection left unread for them could
+	// not send the release that ends their wait. Asked on c's loop, only
+	// while c is at MaxInflight.
+	Queued(c *Conn) int
 }
 
 // Observer takes one observation, in seconds; prometheus.Histogram is one.
@@ -40,7 +46,7 @@ type Config struct {
 	Backend     Backend
 	Limits      codec.Limits
 	MaxConns    int // open connections; more are accepted and closed at once
-	MaxInflight int // unanswered requests per connection before it stops being read
+	MaxInflight int // unanswered requests per connection, not counting queued acquires, before it stops being read
 	MaxOutbound int // unsent answer bytes per connection before it stops being read
 	Loops       int // event loops; 0: one per core
 	// SendBuffer is SO_SNDBUF for accepted connections; 0 keeps the

@@ -26,6 +26,9 @@ type testCluster struct {
 	srvs  []*netloop.Server
 	addrs []string
 	opt   Options
+	// maxInflight is netloop's MaxInflight for nodes started from now on;
+	// 0: its default.
+	maxInflight int
 }
 
 func freePort(t *testing.T) string {
@@ -83,7 +86,7 @@ func (c *testCluster) startAs(i int, id uint32, join bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 200, Loops: 1})
+	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 200, Loops: 1, MaxInflight: c.maxInflight})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,6 +190,28 @@ func TestClusterHandOverAcrossNodes(t *testing.T) {
 		t.Fatalf("T after %v, before the wait passed", d)
 	}
 	c.checkReplicasAgree()
+}
+
+// Committed acquires queued for their key do not count against
+// MaxInflight, as in single mode: the release pipelined behind more of them
+// than that is read and hands the key on.
+func TestClusterQueuedAcquiresDoNotStopReading(t *testing.T) {
+	c := newTestCluster(t, 2)
+	c.maxInflight = 8
+	c.stop(0)
+	c.start(0)
+	c.waitReady()
+	a := c.dial(0)
+	a.send("A h K 60000 0")
+	a.expect("A 1 h K")
+	var b strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&b, "A w%d K 60000 30000\n", i)
+	}
+	b.WriteString("R 1 K")
+	a.send(b.String())
+	a.expect("R 1 K")
+	a.expect("A 2 w0 K")
 }
 
 func TestClusterLeaseEndsByCommittedExpire(t *testing.T) {

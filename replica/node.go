@@ -401,6 +401,23 @@ func (n *Node) Closed(c *netloop.Conn) {
 	}
 }
 
+// Queued implements netloop.Backend: the connection's acquires that
+// committed and wait in their key's queue, on the shards it queued on.
+func (n *Node) Queued(c *netloop.Conn) int {
+	marks, conn, q := *c.Marks(), requesterConn(n.inc, c.ID()), 0
+	for i, g := range n.grps {
+		if marks&(1<<(i%64)) == 0 {
+			continue
+		}
+		if f := g.fsm.Load(); f != nil {
+			f.mu.Lock()
+			q += f.t.QueuedOf(n.opt.NodeID, conn)
+			f.mu.Unlock()
+		}
+	}
+	return q
+}
+
 // Orphaned implements netloop.Backend: a grant that never reached its client
 // is released through the log.
 func (n *Node) Orphaned(token uint64, key []byte) {

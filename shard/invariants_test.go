@@ -88,7 +88,9 @@ func checkTable(t *Table) error {
 		if w == nil || w.cprev != nil {
 			return fmt.Errorf("connection %v list head wrong", id)
 		}
+		head, n := w, 0
 		for ; w != nil; w = w.cnext {
+			n++
 			if (connID{w.from.Node, w.from.Conn}) != id || w.e == nil {
 				return fmt.Errorf("connection %v lists a foreign or freed waiter", id)
 			}
@@ -96,6 +98,9 @@ func checkTable(t *Table) error {
 				return fmt.Errorf("connection %v back link broken", id)
 			}
 			conns++
+		}
+		if head.cn != n || t.QueuedOf(id.node, id.conn) != n {
+			return fmt.Errorf("connection %v lists %d waiters, its count says %d", id, n, head.cn)
 		}
 	}
 	if conns != nwait {

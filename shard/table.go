@@ -155,6 +155,7 @@ type waiter struct {
 	prev, next   *waiter // key queue
 	cprev, cnext *waiter // connection list
 	hidx         int     // wait timer's heap position, -1: none
+	cn           int     // on the head of a connection's list: the list's length
 }
 
 type connID struct {
@@ -374,6 +375,15 @@ func (t *Table) Waiting(node uint32, out []Command) []Command {
 		out = append(out, Command{Op: OpWaitTimeout, From: w.from, Key: w.e.key})
 	}
 	return out
+}
+
+// QueuedOf is how many acquires of connection conn of node wait in this
+// table, in O(1).
+func (t *Table) QueuedOf(node uint32, conn uint64) int {
+	if w := t.conns[connID{node, conn}]; w != nil {
+		return w.cn
+	}
+	return 0
 }
 
 // WaitingConns appends the connections of node that have acquires queued, in no order: one
@@ -791,8 +801,10 @@ func (t *Table) link(e *entry, w *waiter) {
 
 	id := connID{w.from.Node, w.from.Conn}
 	w.cprev, w.cnext = nil, t.conns[id]
+	w.cn = 1
 	if w.cnext != nil {
 		w.cnext.cprev = w
+		w.cn += w.cnext.cn
 	}
 	t.conns[id] = w
 
@@ -819,15 +831,15 @@ func (t *Table) removeWaiter(w *waiter) {
 	t.nwait--
 	t.putWaiter()
 
+	id := connID{w.from.Node, w.from.Conn}
 	if w.cprev != nil {
 		w.cprev.cnext = w.cnext
+		t.conns[id].cn--
+	} else if w.cnext != nil {
+		w.cnext.cn = w.cn - 1
+		t.conns[id] = w.cnext
 	} else {
-		id := connID{w.from.Node, w.from.Conn}
-		if w.cnext != nil {
-			t.conns[id] = w.cnext
-		} else {
-			delete(t.conns, id)
-		}
+		delete(t.conns, id)
 	}
 	if w.cnext != nil {
 		w.cnext.cprev = w.cprev

@@ -202,11 +202,12 @@ type rig struct {
 }
 
 type rigOpts struct {
-	shards     int
-	clock      *fakeClock
-	tokenBlock uint64
-	limits     codec.Limits
-	loops      int // event loops; 0: one
+	shards      int
+	clock       *fakeClock
+	tokenBlock  uint64
+	limits      codec.Limits
+	loops       int // event loops; 0: one
+	maxInflight int // netloop's MaxInflight; 0: its default
 }
 
 func startRig(t *testing.T, dir string, o rigOpts) *rig {
@@ -261,7 +262,7 @@ func startRig(t *testing.T, dir string, o rigOpts) *rig {
 	if o.limits.MaxLeaseMs == 0 {
 		o.limits = codec.Limits{MaxLeaseMs: 100 * 3600_000, MaxWaitMs: 100 * 3600_000}
 	}
-	g.srv, err = netloop.New(netloop.Config{Backend: r, Limits: o.limits, MaxConns: 100, Loops: o.loops})
+	g.srv, err = netloop.New(netloop.Config{Backend: r, Limits: o.limits, MaxConns: 100, Loops: o.loops, MaxInflight: o.maxInflight})
 	if err != nil {
 		t.Fatal(err)
 	}

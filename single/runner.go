@@ -711,6 +711,17 @@ func (r *Runner) Closed(c *netloop.Conn) {
 	r.withdraw(c.ID())
 }
 
+// Queued implements netloop.Backend.
+func (r *Runner) Queued(c *netloop.Conn) int {
+	n := 0
+	for _, p := range r.parts {
+		p.mu.Lock()
+		n += p.t.QueuedOf(0, c.ID())
+		p.mu.Unlock()
+	}
+	return n
+}
+
 func (r *Runner) withdraw(conn uint64) {
 	now := r.clock.now()
 	for _, p := range r.parts {

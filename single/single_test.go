@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
 	"strconv"
@@ -243,4 +244,26 @@ func TestBatchAnswersInRequestOrder(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Acquires queued for their key do not count against --max-inflight: a
+// connection with more of them than that is still read, so the release it
+// pipelines behind them is carried out at once and hands the key on. A
+// client may pipeline any number of requests; the table's limits (B) bound
+// the queues.
+func TestQueuedAcquiresDoNotStopReading(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{maxInflight: 8})
+	c := g.dial()
+	tok := c.acquire("h", "K", 60000)
+	var lines []string
+	for i := range 20 {
+		lines = append(lines, fmt.Sprintf("A w%d K 60000 30000", i))
+	}
+	c.send(append(lines, fmt.Sprintf("R %d K", tok))...)
+	c.expect(fmt.Sprintf("R %d K", tok))
+	c.granted("w0", "K")
+	// Past the limit, requests that are not queued still count: the
+	// connection is read again as they are answered.
+	c.send("A x other 60000 0")
+	c.granted("x", "other")
 }

@@ -66,7 +66,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.maxWaiters, "max-waiters", 1_000_000, "queued acquires in the server before B")
 	fs.IntVar(&c.maxKeys, "max-keys", 10_000_000, "registered keys in the server before B")
 	fs.IntVar(&c.maxConns, "max-conns", 0, "open connections; more are refused (default: the descriptor limit less a reserve)")
-	fs.IntVar(&c.maxInflight, "max-inflight", 4096, "unanswered requests per connection before it stops being read")
+	fs.IntVar(&c.maxInflight, "max-inflight", 4096, "unanswered requests per connection before it stops being read (acquires queued for their key do not count)")
 	fs.IntVar(&c.loops, "loops", 0, "event loops (default: single mode half the cores, at least 1, with as many Go Ps; cluster mode one per core)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "console", "console or json")
