@@ -19,7 +19,12 @@ import (
 // replica forgets them and refuses them from then on. batchID numbers the proposals of one
 // incarnation of one node to one shard from 1 up; 0 marks a batch whose
 // commands are harmless to apply twice (the leader's Expire and WaitTimeout),
-// which is not remembered for deduplication. A command is its Op byte, then:
+// which is not remembered for deduplication. A batch with id 0 and no
+// commands is a notice of the hand-over of the shard's leadership (see
+// Node.quiesce), which changes no state; its floor tells which:
+// noticeHandOver, from the leader about to hand over, or noticeDrained,
+// from a node that holds its proposals to the shard and has none in
+// flight. A command is its Op byte, then:
 //
 //	acquire       conn seq owner key leaseMs waitMs
 //	release       conn seq key token
@@ -31,6 +36,11 @@ import (
 // proposer's node id implicitly: From.Node of an acquire, release or withdraw
 // is the batch's node.
 const entryVersion = 1
+
+const (
+	noticeHandOver = 0
+	noticeDrained  = 1
+)
 
 type header struct {
 	node  uint32

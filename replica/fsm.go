@@ -42,6 +42,9 @@ type proposer struct {
 // after each Update. It runs on the shard's apply goroutine and must not block.
 type sink interface {
 	deliver(shardIdx int, answers []shard.Answer)
+	// notice passes on a notice of the hand-over protocol (noticeHandOver
+	// or noticeDrained) from node, stamped on its clock.
+	notice(shardIdx int, node uint32, kind uint64, stamp int64)
 }
 
 // fsm is one replica of one shard: a shard.Table in Replicated mode plus
@@ -62,6 +65,7 @@ type fsm struct {
 	ans     []shard.Answer       // scratch
 	cmd     shard.Command        // scratch
 	mine    []shard.Answer       // answers for this node, per Update
+	notices []header             // hand-over notices applied, per Update
 	arena   []byte               // copies of the keys and owners in mine
 
 	// For the leader's timer loop, set before the first Update: it delays
@@ -88,6 +92,7 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.mu.Lock()
 	f.mine = f.mine[:0]
 	f.arena = f.arena[:0]
+	f.notices = f.notices[:0]
 	var err error
 	for i := range ents {
 		if err = f.applyEntry(ents[i].Cmd); err != nil {
@@ -104,6 +109,11 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	}
 	if len(f.mine) > 0 && f.out != nil {
 		f.out.deliver(f.idx, f.mine)
+	}
+	for _, h := range f.notices {
+		if f.out != nil {
+			f.out.notice(f.idx, h.node, h.floor, h.stamp)
+		}
 	}
 	return ents, err
 }
@@ -154,6 +164,10 @@ func (f *fsm) applyEntry(b []byte) error {
 		f.props[h.node] = p
 		f.cmd = shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: h.node, Conn: requesterConn(h.inc, 0)}}
 		f.t.Apply(f.now, &f.cmd, nil)
+	}
+	if h.batch == 0 && h.count == 0 {
+		f.notices = append(f.notices, h)
+		return nil
 	}
 	if h.batch != 0 {
 		if h.floor > p.floor {

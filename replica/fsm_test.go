@@ -2,6 +2,8 @@ package replica
 
 import (
 	"bytes"
+	"fmt"
+	"slices"
 	"testing"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
@@ -16,6 +18,10 @@ func (r *recorder) deliver(_ int, ans []shard.Answer) {
 	for _, a := range ans {
 		r.got = append(r.got, string(a.Result.Letter())+" "+string(a.Owner)+" "+string(a.Key))
 	}
+}
+
+func (r *recorder) notice(_ int, node uint32, kind uint64, _ int64) {
+	r.got = append(r.got, fmt.Sprintf("notice %d from %d", kind, node))
 }
 
 type batch struct {
@@ -193,5 +199,42 @@ func TestFSMTellsTimersMovedEarlier(t *testing.T) {
 	}
 	if d, ok := f.t.NextDue(f.skew); !ok || d != 1.3e9 || f.due != d {
 		t.Fatalf("next due %d %v, recorded %d; want 1.3s", d, ok, f.due)
+	}
+}
+
+// A batch with id 0 and no commands is a notice of the hand-over protocol:
+// passed on to the node (its kind in the floor field) and nothing else. The
+// table and the dedup state stay as they were (but for a node new to the
+// replica, which is remembered as after any batch of its), and a notice of
+// an earlier incarnation is refused like its batches.
+func TestFSMPassesHandOverNoticesOn(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	update(t, f, batch{h: header{node: 2, inc: 3, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(3, 1), 1, "o", "k", 60000, 0)}})
+	rec.got = nil
+	var before bytes.Buffer
+	if err := f.t.WriteSnapshot(&before); err != nil {
+		t.Fatal(err)
+	}
+	update(t, f,
+		batch{h: header{node: 1, inc: 1, floor: noticeHandOver, stamp: 1e9}},
+		batch{h: header{node: 2, inc: 3, floor: noticeDrained, stamp: 1e9}},
+		batch{h: header{node: 2, inc: 2, floor: noticeDrained, stamp: 1e9}}, // an earlier run of node 2
+	)
+	if want := []string{"notice 0 from 1", "notice 1 from 2"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("notices passed on: %q, want %q", rec.got, want)
+	}
+	var after bytes.Buffer
+	if err := f.t.WriteSnapshot(&after); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before.Bytes(), after.Bytes()) {
+		t.Error("applying notices changed the table")
+	}
+	if p := f.props[2]; p.inc != 3 || p.floor != 0 || len(p.seen) != 1 {
+		t.Errorf("node 2's dedup state: %+v, want incarnation 3 with batch 1 seen", *p)
+	}
+	if p := f.props[1]; p == nil || p.inc != 1 || len(p.seen) != 0 {
+		t.Errorf("node 1's dedup state: %v, want incarnation 1 with nothing seen", p)
 	}
 }

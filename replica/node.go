@@ -197,6 +197,15 @@ type group struct {
 	// handing is closed when the transfer of this shard's leadership that
 	// this node is asking for ends; nil while none is (see transfer).
 	handing atomic.Pointer[chan struct{}]
+	// hold is set while the shard's leader hands its leadership over (a
+	// notice of it was applied): this node's proposals to the shard wait
+	// until it ends, so that the log goes quiet (see Node.quiesce).
+	hold atomic.Pointer[holdOn]
+	// flying counts this node's proposals to the shard sent and not yet
+	// settled; drained, while this node quiesces the shard, receives the
+	// nodes whose drained notice was applied.
+	flying  atomic.Int32
+	drained atomic.Pointer[chan uint32]
 	// handedAt is when the shard's preferred node handed its leadership to
 	// this one (nil: never). A node does that when it stops, so the shard
 	// goes back only once it has reconnected since, or after handBackAfter
@@ -603,11 +612,15 @@ func (g *group) propose(h header, body []byte) bool {
 				return false
 			}
 		}
+		if !g.takeOff(n.stop) {
+			return false
+		}
 		h.stamp, h.floor = n.now(), g.floor()
 		b := append(appendHeader(make([]byte, 0, 40+len(body)), h), body...)
 		changed := g.leaderChanged()
 		rs, err := n.nh.Propose(g.sess, b, n.opt.ProposeTimeout)
 		if err != nil {
+			g.flying.Add(-1)
 			if errors.Is(err, dragonboat.ErrClosed) || n.closing.Load() && errors.Is(err, dragonboat.ErrShardClosed) {
 				return false
 			}
@@ -619,19 +632,9 @@ func (g *group) propose(h header, body []byte) bool {
 			}
 			continue
 		}
-		var r dragonboat.RequestResult
-		select {
-		case r = <-rs.ResultC():
-		case <-changed:
-			// Abandoned, not released: its result may still come.
-			if g.leader.Load() == 0 {
-				select { // no leader yet: the next change, or the timeout
-				case r = <-rs.ResultC():
-				case <-g.leaderChanged():
-					continue
-				}
-				break
-			}
+		r, ok := g.result(rs, changed)
+		g.flying.Add(-1)
+		if !ok {
 			continue
 		}
 		rs.Release()
@@ -666,6 +669,25 @@ func (g *group) propose(h header, body []byte) bool {
 		case <-wait:
 		case <-ended:
 		}
+	}
+}
+
+// result waits for a proposal's result; false if the shard's leader
+// changed first (the proposal is abandoned, not released: its result may
+// still come).
+func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}) (dragonboat.RequestResult, bool) {
+	select {
+	case r := <-rs.ResultC():
+		return r, true
+	case <-changed:
+		if g.leader.Load() == 0 {
+			select { // no leader yet: the next change, or the timeout
+			case r := <-rs.ResultC():
+				return r, true
+			case <-g.leaderChanged():
+			}
+		}
+		return dragonboat.RequestResult{}, false
 	}
 }
 
@@ -849,7 +871,9 @@ func (n *Node) balanceLoop() {
 			}
 			return 0
 		}
-		moved, left := n.transfer(n.stop, due, to, start.Add(n.transferTime()))
+		until := start.Add(n.transferTime())
+		n.quiesce(n.stop, due, until)
+		moved, left := n.transfer(n.stop, due, to, until)
 		n.log.Info("handed shard leadership to the preferred nodes",
 			zap.Int("shards", moved), zap.Int("left", left), zap.Duration("took", time.Since(start)))
 	})
@@ -935,6 +959,9 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 			now := time.Now()
 			g.handedAt.Store(&now)
 		}
+	}
+	if h := g.hold.Load(); h != nil && info.LeaderID != 0 && info.LeaderID != uint64(h.from) {
+		g.endHold(h) // handed over
 	}
 	if prev != info.LeaderID {
 		n.kickTimers() // a new leader takes over the shard's timers at once
@@ -1160,7 +1187,9 @@ func (n *Node) handOver(ctx context.Context) {
 		return
 	}
 	start := time.Now()
-	moved, left := n.transfer(ctx.Done(), mine, n.successor, deadline(ctx, start.Add(n.transferTime())))
+	until := deadline(ctx, start.Add(n.transferTime()))
+	n.quiesce(ctx.Done(), mine, until)
+	moved, left := n.transfer(ctx.Done(), mine, n.successor, until)
 	n.log.Info("handed shard leadership over before stopping",
 		zap.Int("shards", moved), zap.Int("left_to_election", left), zap.Duration("took", time.Since(start)))
 }
@@ -1236,6 +1265,197 @@ func (n *Node) transfer(stop <-chan struct{}, gs []*group, to func(*group) uint3
 		case <-time.After(n.opt.RTT / 4):
 		}
 	}
+}
+
+// quiesce makes the logs of the shards of gs that this node leads go quiet
+// before their leadership is handed over. A transfer fails whenever the
+// target still has committed entries to apply when told to campaign
+// (Dragonboat then skips the campaign), and under load it nearly always
+// has: the transfer is given up an election timeout later, having dropped
+// every proposal meanwhile. So this node first commits a hand-over notice
+// to each shard. Every node that applies it holds its proposals to the
+// shard (holdOn) and, once those it has in flight are settled, commits a
+// drained notice. When the drained notices of the other reachable nodes
+// have been applied here, and nothing more for a raft tick, the log is
+// quiet and the target has applied all of it: the transfer asked next goes
+// through at once. A shard not quiet within half an election timeout (a
+// node that does not answer, say of an older version) is handed over as
+// before.
+func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
+	self := uint64(n.opt.NodeID)
+	until = minTime(until, time.Now().Add(n.opt.election()/2))
+	var others []uint32
+	for _, id := range n.ids {
+		if id != n.opt.NodeID && n.reachable(id) {
+			others = append(others, id)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, g := range gs {
+		if g.leader.Load() != self {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			drained := make(chan uint32, 2*len(n.ids))
+			g.drained.Store(&drained)
+			defer g.drained.Store(nil)
+			if !g.notify(noticeHandOver, stop, until) {
+				return
+			}
+			timeout := time.NewTimer(time.Until(until))
+			defer timeout.Stop()
+			for left := slices.Clone(others); len(left) > 0; {
+				select {
+				case id := <-drained:
+					left = slices.DeleteFunc(left, func(x uint32) bool { return x == id })
+				case <-timeout.C:
+					return
+				case <-stop:
+					return
+				}
+			}
+			g.awaitQuiet(stop, n.opt.RTT, until)
+		}()
+	}
+	wg.Wait()
+}
+
+// notify commits a notice of the hand-over protocol to the shard: one
+// attempt, as a shard that cannot commit it is handed over as before.
+func (g *group) notify(kind uint64, stop <-chan struct{}, until time.Time) bool {
+	n := g.n
+	b := appendHeader(nil, header{node: n.opt.NodeID, inc: n.inc, floor: kind, stamp: n.now()})
+	rs, err := n.nh.Propose(g.sess, b, max(time.Until(until), n.opt.RTT))
+	if err != nil {
+		return false
+	}
+	defer rs.Release()
+	select {
+	case r := <-rs.ResultC():
+		return r.Completed()
+	case <-stop:
+		return false
+	}
+}
+
+// awaitQuiet waits until this replica of the shard has applied no entry for
+// quiet, or until passes.
+func (g *group) awaitQuiet(stop <-chan struct{}, quiet time.Duration, until time.Time) {
+	f := g.fsm.Load()
+	if f == nil {
+		return
+	}
+	applied := func() uint64 {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.applied
+	}
+	last, since := applied(), time.Now()
+	tick := time.NewTicker(quiet / 10)
+	defer tick.Stop()
+	for time.Since(since) < quiet && time.Now().Before(until) {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		if a := applied(); a != last {
+			last, since = a, time.Now()
+		}
+	}
+}
+
+// holdOn is a hand-over notice applied: the node that sent it leads the
+// shard, and this node's proposals to the shard wait until another leader
+// is known, or for an election timeout at most (a transfer that fails, or
+// the leader gone), after which they go out as they would have without it.
+type holdOn struct {
+	from uint32
+	done chan struct{}
+}
+
+// notice implements sink.
+func (n *Node) notice(idx int, node uint32, kind uint64, stamp int64) {
+	g := n.grps[idx]
+	limit := n.opt.election()
+	if time.Duration(n.now()-stamp) > limit+n.opt.MaxClockSkew {
+		return // replayed at start, or applied late: long over
+	}
+	switch kind {
+	case noticeDrained:
+		if ch := g.drained.Load(); ch != nil {
+			select {
+			case *ch <- node:
+			default:
+			}
+		}
+	case noticeHandOver:
+		h := &holdOn{from: node, done: make(chan struct{})}
+		if old := g.hold.Swap(h); old != nil {
+			close(old.done)
+		}
+		time.AfterFunc(limit, func() { g.endHold(h) })
+		// LeaderUpdated ends a hold it finds; this one may have come after it.
+		if l := g.leader.Load(); l != 0 && l != uint64(node) {
+			g.endHold(h)
+			return
+		}
+		if node != n.opt.NodeID {
+			go g.drain(h, time.Now().Add(limit))
+		}
+	}
+}
+
+// drain commits this node's drained notice once its proposals to the shard
+// in flight have settled, unless the hold ends first.
+func (g *group) drain(h *holdOn, until time.Time) {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for g.flying.Load() > 0 {
+		select {
+		case <-h.done:
+			return
+		case <-g.n.stop:
+			return
+		case <-tick.C:
+		}
+	}
+	g.notify(noticeDrained, h.done, until)
+}
+
+func (g *group) endHold(h *holdOn) {
+	if g.hold.CompareAndSwap(h, nil) {
+		close(h.done)
+	}
+}
+
+// takeOff counts a proposal in flight (drain waits for those to settle),
+// once no hold stops it; false if stop closed first. The count goes up
+// before the hold is looked at, and a hold is set before drain looks at the
+// count: one of them sees the other.
+func (g *group) takeOff(stop <-chan struct{}) bool {
+	for {
+		g.flying.Add(1)
+		h := g.hold.Load()
+		if h == nil {
+			return true
+		}
+		g.flying.Add(-1)
+		select {
+		case <-h.done:
+		case <-stop:
+			return false
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // transferTime bounds a transfer: a first try that fails, one more that

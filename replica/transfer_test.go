@@ -4,8 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lni/dragonboat/v4/raftio"
+	"go.uber.org/zap"
 )
 
 // A transfer the target cannot take (here it is down: raft gives the
@@ -82,5 +87,131 @@ func TestTransferHoldsOwnDroppedProposals(t *testing.T) {
 	}
 	if g.handing.Load() != nil {
 		t.Error("the shard is still marked as being handed over")
+	}
+}
+
+// Under load from the other nodes, the target of a transfer nearly always
+// has committed entries left to apply when told to campaign, and skips the
+// campaign; the transfer is then given up an election timeout later. A
+// stopping node first makes its shards' logs go quiet (quiesce), so that
+// every transfer goes through at once: here the election timeout is 2s,
+// and the node hands over its shards well within it.
+func TestClusterHandOverUnderLoadWithinElectionTimeout(t *testing.T) {
+	const shards = 9
+	c := newTestClusterWith(t, shards, func(o *Options) { o.ElectionRTT = 200 })
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2, 0, 1, 2}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leadership not spread: %v", c.leads())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Pairs on nodes 2 and 3, on every shard: node 1's shards take
+	// proposals forwarded from both all the time.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var pairs atomic.Int64
+	for w := range 16 {
+		l := c.dial(1 + w%2)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := fmt.Sprintf("w%d-%d", w, i)
+				if _, err := l.c.Write([]byte("A o " + k + " 60000 0\n")); err != nil {
+					t.Error(err)
+					return
+				}
+				_ = l.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				got, err := l.r.ReadString('\n')
+				f := strings.Fields(got)
+				if err != nil || len(f) != 4 || f[0] != "A" {
+					t.Errorf("acquire %s: got %q (%v)", k, got, err)
+					return
+				}
+				if _, err := l.c.Write([]byte("R " + f[1] + " " + k + "\n")); err != nil {
+					t.Error(err)
+					return
+				}
+				if got, err := l.r.ReadString('\n'); err != nil || got != "R "+f[1]+" "+k+"\n" {
+					t.Errorf("release %s: got %q (%v)", k, got, err)
+					return
+				}
+				pairs.Add(1)
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	for pairs.Load() < 200 {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	start := time.Now()
+	c.stop(0)
+	took := time.Since(start)
+	at := c.leads()
+	for _, sh := range []int{0, 3, 6} {
+		if at[sh] == 0 {
+			t.Errorf("shard %d still led by the stopped node", sh)
+		}
+	}
+	if election := c.opt.RTT * time.Duration(c.opt.ElectionRTT); took >= election {
+		t.Errorf("the stop took %v with shards to hand over: a transfer was given up after the election timeout (%v)", took, election)
+	}
+	t.Logf("stopped in %v, %d pairs so far", took, pairs.Load())
+	// The load goes on on the shards handed over.
+	before := pairs.Load()
+	for wait := time.Now().Add(10 * time.Second); pairs.Load() < before+100; {
+		if time.Now().After(wait) {
+			t.Fatalf("the load stalled after the stop: %d pairs", pairs.Load()-before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A hand-over notice holds the node's proposals to the shard until another
+// leader is known, or an election timeout at most; a notice from long ago
+// (a log replayed at start) holds nothing.
+func TestHandOverNoticeHoldsProposals(t *testing.T) {
+	clock := time.Now().UnixNano()
+	n := &Node{opt: Options{NodeID: 1, RTT: 10 * time.Millisecond, ElectionRTT: 20, MaxClockSkew: time.Second,
+		Clock: func() int64 { return clock }}, ids: []uint32{1, 2, 3}, log: zap.NewNop(), stop: make(chan struct{})}
+	g := &group{n: n}
+	n.grps = []*group{g}
+	g.leader.Store(1)
+
+	n.notice(0, 1, noticeHandOver, clock-int64(5*time.Second))
+	if g.hold.Load() != nil {
+		t.Fatal("a notice from 5s ago holds proposals")
+	}
+
+	took := make(chan bool)
+	takeOff := func() { go func() { took <- g.takeOff(n.stop) }() }
+	n.notice(0, 1, noticeHandOver, clock)
+	takeOff()
+	select {
+	case <-took:
+		t.Fatal("a proposal went out during the hold")
+	case <-time.After(50 * time.Millisecond):
+	}
+	n.LeaderUpdated(raftio.LeaderInfo{ShardID: 1, ReplicaID: 1, LeaderID: 2, Term: 2})
+	if !<-took || g.flying.Load() != 1 {
+		t.Fatalf("after the new leader: in flight %d, want 1", g.flying.Load())
+	}
+	g.flying.Store(0)
+
+	// No new leader: the hold ends after the election timeout (200ms).
+	g.leader.Store(1)
+	start := time.Now()
+	n.notice(0, 1, noticeHandOver, clock)
+	takeOff()
+	<-took
+	if d := time.Since(start); d < 150*time.Millisecond {
+		t.Errorf("the hold ended after %v, before the election timeout", d)
 	}
 }
