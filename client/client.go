@@ -38,12 +38,15 @@ type Lock struct {
 	Token uint64 // fencing token: larger than every token granted for Key before
 
 	// Deadline is a local, conservative end of the lease: the lease runs on
-	// the server from the grant, and Deadline counts from an estimate that
-	// is not later than the grant (the moment the request was sent, or for a
-	// grant that waited in the queue, its arrival less one round trip). It
-	// carries a monotonic clock reading, so time.Until(Deadline) is immune
-	// to wall clock changes. The server's clock rate can still differ a
-	// little from the local one: keep a margin.
+	// the server from the grant, and Deadline counts from the moment the
+	// request was sent, which is not later than the grant. For a grant that
+	// may have waited in the queue it counts from the answer's arrival less
+	// the last round trip measured (and not before the send): an estimate,
+	// later than the grant only if this answer took longer than that round
+	// trip to be read (a retransmission, a stalled process). It carries a
+	// monotonic clock reading, so time.Until(Deadline) is immune to wall
+	// clock changes. The server's clock rate can still differ a little from
+	// the local one: keep a margin.
 	Deadline time.Time
 
 	// The owner the acquire was sent with: the AcquireAs name, or the
