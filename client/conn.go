@@ -419,6 +419,13 @@ func (s *slot) failUnsent(err error) {
 	if c == closedCall {
 		return // closed before, and emptied then
 	}
+	// The queue is newest first: hand it on oldest first, so that the
+	// requests for a key go out in the order they were made.
+	var old *call
+	for c != nil {
+		c.next, old, c = old, c, c.next
+	}
+	c = old
 	for c != nil {
 		next := c.next
 		c.next = nil
