@@ -160,7 +160,7 @@ func open(opt Options, e env) (*Runner, error) {
 		e.tokenBlock = tokenBlock
 	}
 	now := e.clock.now()
-	st, ld, err := openStore(opt.DataDir, opt.RecoverDamaged, now)
+	st, ld, err := openStore(opt.DataDir, opt.RecoverDamaged, opt.MaxLease, now)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/ticketd/ticketd/internal/atomicfile"
 )
@@ -134,8 +135,10 @@ func ignorable(name string) bool {
 
 // openStore locks dir and reads what the last run left. It writes nothing
 // into a dir it refuses. With recoverDamaged, damaged files are renamed
-// aside (name.damaged-<unix ns>) and what could be read is returned.
-func openStore(dir string, recoverDamaged bool, now int64) (*store, loaded, error) {
+// aside (name.damaged-<unix ns>) and what could be read is returned; a
+// state file written anew then holds the recovery's ceilings (tokens above
+// RecoveryFloor, leases up to maxLease from now).
+func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int64) (*store, loaded, error) {
 	var ld loaded
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, ld, fmt.Errorf("cannot create data dir %q: %w", dir, ioErr(dir, err))
@@ -235,6 +238,14 @@ func openStore(dir string, recoverDamaged bool, now int64) (*store, loaded, erro
 		// A new dir, or a recovered one: the state file is written whole
 		// beside and renamed into place, so it never exists half-written.
 		ld.st = state{Created: now}
+		if ld.recovered {
+			// In this same write: a state of zero ceilings left by a
+			// recovery stopped before load raises them would pass at the
+			// next start for an ordinary crash's, and tokens would start
+			// again at 1 with no grace.
+			ld.st.TokenCeil = RecoveryFloor(now)
+			ld.st.LeaseCeil = satAdd(satAdd(now, int64(maxLease)), leaseStep)
+		}
 		if err := s.create(ld.st); err != nil {
 			return fail(err)
 		}

@@ -157,6 +157,36 @@ func TestDamagedDataDir(t *testing.T) {
 	}
 }
 
+// A recovery stopped right after it wrote the state file anew, before the
+// start's first raise (killed, or that write failed), leaves the recovery's
+// ceilings behind, not zeros: the next ordinary start is a crash restart
+// with them, not one that starts tokens again at 1 and grants at once.
+func TestRecoveryStoppedBeforeItsFirstRaise(t *testing.T) {
+	dir := usedDir(t, false)
+	if err := os.Truncate(filepath.Join(dir, stateName), 0); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	const maxLease = 10 * time.Minute
+	killed := errors.New("killed before the first raise")
+	_, err := open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second, MaxLease: maxLease, RecoverDamaged: true},
+		env{wrapStore: func(d durable) durable {
+			return &faultStore{durable: d, saveErr: func(state) error { return killed }}
+		}})
+	if !errors.Is(err, killed) {
+		t.Fatalf("recovery with its first save failing: %v", err)
+	}
+	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Crashed || r.TokenFloor < uint64(start.UnixNano()) || r.GraceUntil < start.Add(maxLease).UnixNano() {
+		t.Errorf("after a recovery stopped early: crashed=%v, tokens above %d, grace until %v; want above %d and until %v",
+			r.Crashed, r.TokenFloor, time.Unix(0, r.GraceUntil), start.UnixNano(), start.Add(maxLease))
+	}
+}
+
 func keys(m map[string]string) []string {
 	var k []string
 	for n := range m {
