@@ -36,7 +36,7 @@ const identityFile = "cluster.json"
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
 func openDataDir(path string, node uint32, peers map[uint32]string, shards int) (*dataDir, error) {
-	if err := os.MkdirAll(path, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
 	for _, f := range []string{"CURRENT", "ticketd.state", "ticketd.id", "ticketd.snapshot"} {

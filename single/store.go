@@ -140,7 +140,7 @@ func ignorable(name string) bool {
 // RecoveryFloor, leases up to maxLease from now).
 func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int64) (*store, loaded, error) {
 	var ld loaded
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o755); err != nil {
 		return nil, ld, fmt.Errorf("cannot create data dir %q: %w", dir, ioErr(dir, err))
 	}
 	lock, err := os.Open(dir)

@@ -48,3 +48,33 @@ func SyncDir(dir string) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// MkdirAll is os.MkdirAll that also makes every directory it creates
+// durable, by syncing the parent of each: a data dir whose entry a power
+// loss took away would be taken for a new one at the next start, with
+// everything it made durable gone with it.
+func MkdirAll(dir string, perm os.FileMode) error {
+	var created []string
+	for d := filepath.Clean(dir); ; {
+		if _, err := os.Lstat(d); err == nil {
+			break
+		}
+		created = append(created, d)
+		parent := filepath.Dir(d)
+		if parent == d {
+			break
+		}
+		d = parent
+	}
+	if err := os.MkdirAll(dir, perm); err != nil {
+		return err
+	}
+	for i := len(created) - 1; i >= 0; i-- {
+		if err := syncDir(filepath.Dir(created[i])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var syncDir = SyncDir // tests record the calls
