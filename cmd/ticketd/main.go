@@ -218,8 +218,9 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 	if err != nil {
 		if errors.Is(err, single.ErrDamaged) {
 			err = fmt.Errorf("%w. Starting on it could grant a lock that is still held or repeat a token; nothing was written to it. "+
-				"Restore the data dir from a backup, or start once with --recover-damaged-data-dir (and --max-lease at least as long as any earlier run's): "+
-				"the damaged files are set aside, no key is granted for --max-lease plus 2s, and tokens restart above the current time in unix nanoseconds", err)
+				"Start once with --recover-damaged-data-dir (and --max-lease at least as long as any earlier run's): "+
+				"the damaged files are set aside, no key is granted for --max-lease plus 2s, and tokens restart above the current time in unix nanoseconds. "+
+				"Do not put back an older copy of the data dir instead: its ceilings are behind this run's, so it would repeat tokens and grant held locks", err)
 		}
 		return nil, err
 	}
