@@ -1278,12 +1278,12 @@ func (n *Node) transfer(stop <-chan struct{}, gs []*group, to func(*group) uint3
 // drained notice. When the drained notices of the other reachable nodes
 // have been applied here, and nothing more for a raft tick, the log is
 // quiet and the target has applied all of it: the transfer asked next goes
-// through at once. A shard not quiet within half an election timeout (a
-// node that does not answer, say of an older version) is handed over as
-// before.
+// through at once. A shard not quiet within quiesceTime (a node that does
+// not answer, say of an older version, or one still catching up) is handed
+// over as before.
 func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 	self := uint64(n.opt.NodeID)
-	until = minTime(until, time.Now().Add(n.opt.election()/2))
+	until = minTime(until, time.Now().Add(n.quiesceTime()))
 	var others []uint32
 	for _, id := range n.ids {
 		if id != n.opt.NodeID && n.reachable(id) {
@@ -1321,6 +1321,17 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 	}
 	wg.Wait()
 }
+
+// quiesceTime bounds quiesce: eight ticks, or half an election timeout if
+// less. Quiet comes within a few ticks; a shard that does not get there
+// (its transfer then likely fails and drops proposals for an election
+// timeout) should not have its proposals held much longer on top of that.
+func (n *Node) quiesceTime() time.Duration { return min(n.opt.election()/2, 8*n.opt.RTT) }
+
+// holdTime bounds a hold: past quiesceTime and two ticks, the leader has
+// asked for the transfer, and proposals held longer would only wait for
+// the end of one that failed.
+func (n *Node) holdTime() time.Duration { return n.quiesceTime() + 2*n.opt.RTT }
 
 // notify commits a notice of the hand-over protocol to the shard: one
 // attempt, as a shard that cannot commit it is handed over as before.
@@ -1369,8 +1380,8 @@ func (g *group) awaitQuiet(stop <-chan struct{}, quiet time.Duration, until time
 
 // holdOn is a hand-over notice applied: the node that sent it leads the
 // shard, and this node's proposals to the shard wait until another leader
-// is known, or for an election timeout at most (a transfer that fails, or
-// the leader gone), after which they go out as they would have without it.
+// is known, or for holdTime at most (a transfer that fails, or the leader
+// gone), after which they go out as they would have without it.
 type holdOn struct {
 	from uint32
 	done chan struct{}
@@ -1379,7 +1390,7 @@ type holdOn struct {
 // notice implements sink.
 func (n *Node) notice(idx int, node uint32, kind uint64, stamp int64) {
 	g := n.grps[idx]
-	limit := n.opt.election()
+	limit := n.holdTime()
 	if time.Duration(n.now()-stamp) > limit+n.opt.MaxClockSkew {
 		return // replayed at start, or applied late: long over
 	}
