@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,6 +60,11 @@ type Options struct {
 	// timerIdle is the longest the timer loop sleeps (default 100ms); a
 	// test sets it long to see the loop driven by its kicks alone.
 	timerIdle time.Duration
+	// quiesceMax and quietFor stretch quiesce's bound and its quiet tick
+	// (see quiesceTime): a test on a machine loaded by the whole suite gives
+	// it room without lengthening the ticks, which would take away the
+	// load under which transfers fail.
+	quiesceMax, quietFor time.Duration
 }
 
 // election is the election timeout.
@@ -1316,7 +1322,7 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 					return
 				}
 			}
-			g.awaitQuiet(stop, n.opt.RTT, until)
+			g.awaitQuiet(stop, cmp.Or(n.opt.quietFor, n.opt.RTT), until)
 		}()
 	}
 	wg.Wait()
@@ -1326,7 +1332,12 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 // less. Quiet comes within a few ticks; a shard that does not get there
 // (its transfer then likely fails and drops proposals for an election
 // timeout) should not have its proposals held much longer on top of that.
-func (n *Node) quiesceTime() time.Duration { return min(n.opt.election()/2, 8*n.opt.RTT) }
+func (n *Node) quiesceTime() time.Duration {
+	if n.opt.quiesceMax > 0 {
+		return n.opt.quiesceMax
+	}
+	return min(n.opt.election()/2, 8*n.opt.RTT)
+}
 
 // holdTime bounds a hold: past quiesceTime and two ticks, the leader has
 // asked for the transfer, and proposals held longer would only wait for

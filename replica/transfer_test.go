@@ -98,7 +98,12 @@ func TestTransferHoldsOwnDroppedProposals(t *testing.T) {
 // and the node hands over its shards well within it.
 func TestClusterHandOverUnderLoadWithinElectionTimeout(t *testing.T) {
 	const shards = 9
-	c := newTestClusterWith(t, shards, func(o *Options) { o.ElectionRTT = 200 })
+	c := newTestClusterWith(t, shards, func(o *Options) {
+		o.ElectionRTT = 200
+		// Room for quiesce on a machine busy with the rest of the suite
+		// under the race detector (eight ticks and one by default).
+		o.quiesceMax, o.quietFor = time.Second, 50*time.Millisecond
+	})
 	deadline := time.Now().Add(30 * time.Second)
 	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2, 0, 1, 2}) {
 		if time.Now().After(deadline) {
