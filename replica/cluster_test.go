@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -615,5 +617,28 @@ func TestClusterStopAnswersWhatItTook(t *testing.T) {
 	line, err := b.r.ReadString('\n')
 	if f := strings.Fields(line); err != nil || len(f) != 4 || f[0] != "A" || f[2] != "x" {
 		t.Fatalf("late was taken by the request read after the stop began: %q %v", line, err)
+	}
+}
+
+// A node whose raft state is gone but whose data dir says it had one is
+// refused: started, it would bootstrap again with its votes and the
+// entries it acknowledged forgotten, and with another node down a
+// committed grant could be lost and its token given out again.
+func TestClusterRefusesADataDirThatLostItsRaftState(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.stop(2)
+	if err := os.RemoveAll(filepath.Join(c.dirs[2], "raft")); err != nil {
+		t.Fatal(err)
+	}
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
+	opt.Logger = zaptest.NewLogger(t)
+	n, err := Start(opt)
+	if err == nil {
+		n.Close()
+		t.Fatal("a node whose raft state is gone started")
+	}
+	if !strings.Contains(err.Error(), "raft state") || !strings.Contains(err.Error(), c.dirs[2]) {
+		t.Errorf("refusal %q does not say what is wrong and where", err)
 	}
 }

@@ -21,6 +21,7 @@ type dataDir struct {
 	lock        *os.File
 	incarnation uint64
 	fresh       bool // no raft state yet: this start bootstraps (or joins)
+	id          identity
 }
 
 type identity struct {
@@ -28,6 +29,9 @@ type identity struct {
 	Peers       map[uint32]string `json:"peers"`
 	Shards      int               `json:"shards"`
 	Incarnation uint64            `json:"incarnation"`
+	// RaftMade: the raft state under raft/ was made (a start got as far
+	// as its node host); from then on a start without it is refused.
+	RaftMade bool `json:"raft_made,omitempty"`
 }
 
 const identityFile = "cluster.json"
@@ -69,7 +73,16 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 			d.close()
 			return nil, fmt.Errorf("data dir %q belongs to %s; start with the flags it was made with, or give this node an empty data dir (README: replacing a node)", path, msg)
 		}
-		id.Incarnation = old.Incarnation
+		if _, err := os.Stat(filepath.Join(path, "raft")); errors.Is(err, os.ErrNotExist) && old.RaftMade {
+			// Without its raft state the node would bootstrap again,
+			// having forgotten its votes and the entries it acknowledged:
+			// a committed grant could be lost and its token given again.
+			d.close()
+			return nil, fmt.Errorf("data dir %q belongs to node %d, whose raft state (raft/) is gone: "+
+				"starting would forget what it acknowledged; bring the node back as a replacement with an empty data dir (README: replacing a node)",
+				path, old.Node)
+		}
+		id.Incarnation, id.RaftMade = old.Incarnation, old.RaftMade
 	case errors.Is(err, os.ErrNotExist):
 		if _, err := os.Stat(filepath.Join(path, "raft")); err == nil {
 			d.close()
@@ -89,9 +102,23 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 		return nil, fmt.Errorf("cannot write to data dir %q: %w", path, err)
 	}
 	d.incarnation = id.Incarnation
+	d.id = id
 	_, err = os.Stat(filepath.Join(path, "raft"))
 	d.fresh = errors.Is(err, os.ErrNotExist)
 	return d, nil
+}
+
+// raftMade records that the raft state exists, once the node host that
+// keeps it has started.
+func (d *dataDir) raftMade() error {
+	if d.id.RaftMade {
+		return nil
+	}
+	d.id.RaftMade = true
+	if err := writeSynced(filepath.Join(d.path, identityFile), &d.id); err != nil {
+		return fmt.Errorf("cannot write to data dir %q: %w", d.path, err)
+	}
+	return nil
 }
 
 func (old *identity) differs(id *identity) string {

@@ -273,6 +273,11 @@ func Start(opt Options) (*Node, error) {
 		return nil, fmt.Errorf("cannot start the raft node host in %q: %w", nhc.NodeHostDir, err)
 	}
 	n.nh = nh
+	if err := dir.raftMade(); err != nil {
+		nh.Close()
+		dir.close()
+		return nil, err
+	}
 	// Dragonboat records the members at bootstrap; a restart passes none
 	// (the log knows them, and they may have changed since).
 	var members map[uint64]dragonboat.Target
