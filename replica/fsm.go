@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -66,7 +67,12 @@ type fsm struct {
 	cmd     shard.Command        // scratch
 	mine    []shard.Answer       // answers for this node, per Update
 	notices []header             // hand-over notices applied, per Update
-	arena   []byte               // copies of the keys and owners in mine
+	// inc is this run's incarnation, and snapOwn the batch ids of this run
+	// that a snapshot received had applied: their answers never came out
+	// here (not state).
+	inc     uint64
+	snapOwn map[uint64]struct{}
+	arena   []byte // copies of the keys and owners in mine
 
 	// For the leader's timer loop, set before the first Update: it delays
 	// lease ends by skew, and timersMoved wakes it when an Update sets a
@@ -95,11 +101,12 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.notices = f.notices[:0]
 	var err error
 	for i := range ents {
-		if err = f.applyEntry(ents[i].Cmd); err != nil {
+		var res uint64
+		if res, err = f.applyEntry(ents[i].Cmd); err != nil {
 			err = fmt.Errorf("shard %d, log index %d: %w", f.idx, ents[i].Index, err)
 			break
 		}
-		ents[i].Result = sm.Result{Value: 1}
+		ents[i].Result = sm.Result{Value: res}
 		f.applied = ents[i].Index
 	}
 	moved := f.timersEarlier()
@@ -139,16 +146,29 @@ func (f *fsm) timersEarlier() bool {
 	return true
 }
 
-// applyEntry applies one batch. Under f.mu.
-func (f *fsm) applyEntry(b []byte) error {
+// Result values of an entry for its proposer.
+const (
+	resultApplied = 1
+	// resultUnanswered: a batch of this run of this node that this replica
+	// will never answer: applied before by a snapshot it received (which
+	// carries no answers), or refused as an earlier run's (the data dir's
+	// incarnation went back). Its connections must hear that the outcome
+	// is unknown rather than wait for answers that do not come.
+	resultUnanswered = 2
+)
+
+// applyEntry applies one batch and returns its result for the proposer.
+// Under f.mu.
+func (f *fsm) applyEntry(b []byte) (uint64, error) {
 	if len(b) == 0 {
-		return nil
+		return resultApplied, nil
 	}
 	r := reader{b: b}
 	h := r.header()
 	if r.err != nil {
-		return r.err
+		return 0, r.err
 	}
+	mine := h.node == f.node && h.inc == f.inc
 	if h.stamp > f.now {
 		f.now = h.stamp // never back, whatever a node's clock says
 	}
@@ -158,7 +178,10 @@ func (f *fsm) applyEntry(b []byte) error {
 		// A batch of a node's earlier run, committed late: its connections are
 		// gone and their clients saw them close without an answer.
 		f.refused++
-		return nil
+		if mine {
+			return resultUnanswered, nil
+		}
+		return resultApplied, nil
 	case p == nil || h.inc > p.inc:
 		p = &proposer{inc: h.inc, seen: make(map[uint64]struct{})}
 		f.props[h.node] = p
@@ -167,7 +190,7 @@ func (f *fsm) applyEntry(b []byte) error {
 	}
 	if h.batch == 0 && h.count == 0 {
 		f.notices = append(f.notices, h)
-		return nil
+		return resultApplied, nil
 	}
 	if h.batch != 0 {
 		if h.floor > p.floor {
@@ -180,25 +203,29 @@ func (f *fsm) applyEntry(b []byte) error {
 		}
 		if h.batch < p.floor {
 			f.refused++ // applied before, or given up by its proposer
-			return nil
+			return resultApplied, nil
 		}
 		if _, dup := p.seen[h.batch]; dup {
-			return nil
+			if _, lost := f.snapOwn[h.batch]; lost && mine {
+				delete(f.snapOwn, h.batch)
+				return resultUnanswered, nil
+			}
+			return resultApplied, nil
 		}
 		p.seen[h.batch] = struct{}{}
 	}
 	for n := uint64(0); n < h.count; n++ {
 		r.command(h.node, &f.cmd)
 		if r.err != nil {
-			return r.err
+			return 0, r.err
 		}
 		f.ans = f.t.Apply(f.now, &f.cmd, f.ans[:0])
 		f.keep(f.ans)
 	}
 	if len(r.b) != 0 {
-		return errEntry
+		return 0, errEntry
 	}
-	return nil
+	return resultApplied, nil
 }
 
 // keep copies the answers addressed to this node (their slices point into the
@@ -253,6 +280,11 @@ func (f *fsm) SaveSnapshot(ctx interface{}, w io.Writer, _ sm.ISnapshotFileColle
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
 	f.mu.Lock()
 	err := f.readState(bufio.NewReader(r))
+	if p := f.props[f.node]; err == nil && p != nil && p.inc == f.inc {
+		// Batches of this run that the snapshot applied were never
+		// answered here: a retry of one, refused as a repeat, must say so.
+		f.snapOwn = maps.Clone(p.seen)
+	}
 	f.t.NewTimers()
 	f.due = math.MaxInt64
 	f.mu.Unlock()

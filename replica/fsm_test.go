@@ -238,3 +238,69 @@ func TestFSMPassesHandOverNoticesOn(t *testing.T) {
 		t.Errorf("node 1's dedup state: %v, want incarnation 1 with nothing seen", p)
 	}
 }
+
+// results applies bs as one Update and returns each entry's result.
+func results(t *testing.T, f *fsm, bs ...batch) []uint64 {
+	t.Helper()
+	ents := make([]sm.Entry, len(bs))
+	for i, b := range bs {
+		ents[i] = sm.Entry{Index: f.applied + uint64(i) + 1, Cmd: b.bytes()}
+	}
+	if _, err := f.Update(ents); err != nil {
+		t.Fatal(err)
+	}
+	var out []uint64
+	for _, e := range ents {
+		out = append(out, e.Result.Value)
+	}
+	return out
+}
+
+// A batch of this run of this node that this replica will not answer says
+// so to its proposer, whose connections then hear that the outcome is
+// unknown instead of waiting for nothing: a retry of a batch that a
+// snapshot received had applied, and a batch refused as an earlier run's.
+func TestFSMTellsItsProposerOfBatchesItWillNotAnswer(t *testing.T) {
+	acq := func(seq uint64, key string) []shard.Command {
+		return []shard.Command{acquire(requesterConn(1, 5), seq, "o", key, 60000, 0)}
+	}
+	leader := newFSM(0, 2, shard.Config{}, nil)
+	update(t, leader, batch{h: header{node: 1, inc: 1, batch: 7, stamp: 1e9}, cmds: acq(1, "k")})
+	ctx, err := leader.PrepareSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap bytes.Buffer
+	if err := leader.SaveSnapshot(ctx, &snap, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	f.inc = 1
+	if err := f.RecoverFromSnapshot(bytes.NewReader(snap.Bytes()), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec.got = nil
+	got := results(t, f,
+		batch{h: header{node: 1, inc: 1, batch: 7, floor: 6, stamp: 2e9}, cmds: acq(1, "k")}, // the retry
+		batch{h: header{node: 1, inc: 1, batch: 8, floor: 6, stamp: 2e9}, cmds: acq(3, "i")}, // new
+	)
+	if want := []uint64{resultUnanswered, resultApplied}; !slices.Equal(got, want) {
+		t.Errorf("results %v, want %v", got, want)
+	}
+	if want := []string{"A o i"}; !slices.Equal(rec.got, want) {
+		t.Errorf("answers %q, want %q", rec.got, want)
+	}
+	// The same retry from another node, or once more: nothing to say.
+	if got := results(t, f, batch{h: header{node: 1, inc: 1, batch: 7, floor: 6, stamp: 2e9}, cmds: acq(1, "k")}); got[0] != resultApplied {
+		t.Errorf("a second retry: result %d", got[0])
+	}
+
+	// This run's batches are refused once a later run's were applied (the
+	// data dir's incarnation went back).
+	update(t, f, batch{h: header{node: 1, inc: 2, batch: 1, stamp: 3e9}, cmds: acq(4, "h")})
+	if got := results(t, f, batch{h: header{node: 1, inc: 1, batch: 9, floor: 9, stamp: 3e9}, cmds: acq(5, "g")}); got[0] != resultUnanswered {
+		t.Errorf("a batch refused as an earlier run's: result %d, want %d", got[0], resultUnanswered)
+	}
+}

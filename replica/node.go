@@ -304,7 +304,7 @@ func Start(opt Options) (*Node, error) {
 		n.grps[i] = g
 		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
 			f := newFSM(int(shardID-1), opt.NodeID, tcfg, n)
-			f.skew, f.timersMoved = int64(opt.MaxClockSkew), n.kickTimers
+			f.skew, f.timersMoved, f.inc = int64(opt.MaxClockSkew), n.kickTimers, n.inc
 			g.fsm.Store(f)
 			return f
 		}
@@ -650,6 +650,10 @@ func (g *group) propose(h header, body []byte) bool {
 		}
 		rs.Release()
 		switch {
+		case r.Completed() && r.GetResult().Value == resultUnanswered:
+			n.log.Warn("a batch of this node was applied without its answers coming out here; its connections are told the outcome is unknown",
+				zap.Int("shard", g.idx), zap.Uint64("batch", h.batch))
+			return false
 		case r.Completed():
 			g.lastOK.Store(monoNow())
 			if o := n.opt.ProposeSeconds; o != nil {
