@@ -642,3 +642,25 @@ func TestClusterRefusesADataDirThatLostItsRaftState(t *testing.T) {
 		t.Errorf("refusal %q does not say what is wrong and where", err)
 	}
 }
+
+// The limits decide answers in the state machine, so a node restarted with
+// others would replay the log to other outcomes than its peers (and its own
+// clients saw): it is refused.
+func TestClusterRefusesOtherLimitsAtRestart(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.stop(2)
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
+	opt.Logger = zaptest.NewLogger(t)
+	opt.MaxKeys = 1
+	n, err := Start(opt)
+	if err == nil {
+		n.Close()
+		t.Fatal("a node restarted with other limits started")
+	}
+	if !strings.Contains(err.Error(), "--max-keys") {
+		t.Errorf("refusal %q does not name the limits", err)
+	}
+	c.start(2) // with the limits it started with
+	c.waitReady()
+}

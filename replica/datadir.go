@@ -32,6 +32,16 @@ type identity struct {
 	// RaftMade: the raft state under raft/ was made (a start got as far
 	// as its node host); from then on a start without it is refused.
 	RaftMade bool `json:"raft_made,omitempty"`
+	// Limits decide answers (B) in the state machine, which every replica
+	// must apply alike, the log replayed at a restart included: they are
+	// fixed at the first start, like the shard count.
+	Limits *limits `json:"limits,omitempty"`
+}
+
+type limits struct {
+	MaxKeys          int `json:"max_keys"`
+	MaxWaiters       int `json:"max_waiters"`
+	MaxWaitersPerKey int `json:"max_waiters_per_key"`
 }
 
 const identityFile = "cluster.json"
@@ -39,7 +49,7 @@ const identityFile = "cluster.json"
 // ErrDataDirInUse is returned when another process holds the data dir.
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
-func openDataDir(path string, node uint32, peers map[uint32]string, shards int) (*dataDir, error) {
+func openDataDir(path string, node uint32, peers map[uint32]string, shards int, lim limits) (*dataDir, error) {
 	if err := atomicfile.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
@@ -60,7 +70,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 		return nil, fmt.Errorf("cannot lock data dir %q: %w", path, err)
 	}
 	d := &dataDir{path: path, lock: lock}
-	id := identity{Node: node, Peers: peers, Shards: shards}
+	id := identity{Node: node, Peers: peers, Shards: shards, Limits: &lim}
 	b, err := os.ReadFile(filepath.Join(path, identityFile))
 	switch {
 	case err == nil:
@@ -127,6 +137,10 @@ func (old *identity) differs(id *identity) string {
 	}
 	if old.Shards != id.Shards {
 		return fmt.Sprintf("a cluster of %d shards (--shards %d given)", old.Shards, id.Shards)
+	}
+	if o, n := old.Limits, id.Limits; o != nil && *o != *n {
+		return fmt.Sprintf("a cluster with --max-keys %d --max-waiters %d --max-waiters-per-key %d (given %d, %d, %d: every node must keep the limits the cluster started with)",
+			o.MaxKeys, o.MaxWaiters, o.MaxWaitersPerKey, n.MaxKeys, n.MaxWaiters, n.MaxWaitersPerKey)
 	}
 	// The peers may differ: a replaced node changes them (README).
 	return ""

@@ -240,7 +240,8 @@ func Start(opt Options) (*Node, error) {
 		return nil, err
 	}
 	setupLogging(opt.Logger)
-	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards)
+	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards,
+		limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey})
 	if err != nil {
 		return nil, err
 	}
