@@ -11,6 +11,9 @@ import (
 type clock interface {
 	// now is unix nanoseconds; it never goes back within a run.
 	now() int64
+	// ahead is how far the wall clock now reads ahead of now (0 if it does
+	// not): a step forward since the start, which the next run will read.
+	ahead() int64
 	newTimer(d time.Duration) timer
 }
 
@@ -24,7 +27,8 @@ type timer interface {
 
 // wallClock is wall time at start plus monotonic time since: it never goes
 // back within a run, and deadlines written to the data dir stay meaningful
-// to the next run (as far as the wall clock is right across the restart).
+// to the next run (as far as the wall clock is right across the restart; a
+// step forward during the run is added to what is written, see ahead).
 type wallClock struct {
 	start time.Time
 	base  int64
@@ -36,6 +40,8 @@ func newWallClock() wallClock {
 }
 
 func (c wallClock) now() int64 { return c.base + int64(time.Since(c.start)) }
+
+func (c wallClock) ahead() int64 { return max(time.Now().UnixNano()-c.now(), 0) }
 
 func (wallClock) newTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
 

@@ -26,6 +26,7 @@ type fakeClock struct {
 	cond   *sync.Cond
 	t      int64
 	timers []*fakeTimer
+	wall   int64 // how far the wall clock is ahead (ahead)
 }
 
 type fakeTimer struct {
@@ -46,6 +47,19 @@ func (c *fakeClock) now() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.t
+}
+
+func (c *fakeClock) ahead() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.wall
+}
+
+// stepWall moves the wall clock ahead by d, and not the runner's.
+func (c *fakeClock) stepWall(d time.Duration) {
+	c.mu.Lock()
+	c.wall += int64(d)
+	c.mu.Unlock()
 }
 
 func (c *fakeClock) newTimer(d time.Duration) timer {

@@ -298,3 +298,26 @@ func TestTokensAfterFewerShards(t *testing.T) {
 		}
 	}
 }
+
+// The wall clock stepping ahead during a run (an NTP correction) leaves the
+// runner's clock behind it by the step, and the next run reads the wall
+// clock: the lease ceiling written must count the step, or a crash restart
+// would end its grace that much before a lease granted before the crash.
+func TestWallClockStepAheadKeepsTheGrace(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	c := g.dial()
+	granted := g.clock.now()
+	c.acquire("o", "k", 60_000)
+	const step = 30 * time.Second
+	g.clock.stepWall(step)
+	g.clock.Advance(time.Second) // the ceiling loop looks again
+	g.crash()
+
+	// The next run starts on the wall clock.
+	next := newFakeClock(g.clock.now() + int64(step))
+	g2 := startRig(t, dir, rigOpts{clock: next})
+	if end := granted + int64(60*time.Second+step); g2.r.GraceUntil < end {
+		t.Fatalf("grace until %v, before the lease's end on the wall clock %v", time.Duration(g2.r.GraceUntil-granted), time.Duration(end-granted))
+	}
+}

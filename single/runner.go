@@ -331,9 +331,13 @@ func (r *Runner) raise(change func(*state)) error {
 	return nil
 }
 
-// raiseLease makes the durable lease ceiling at least ceil.
+// raiseLease makes the durable lease ceiling at least ceil, plus how far
+// the wall clock has stepped ahead of the runner's since the start: the
+// next run reads the wall clock, and a lease granted here ends that much
+// later on it than its deadline says (without it, a crash restart after an
+// NTP step forward would end its grace that much before a live lease).
 func (r *Runner) raiseLease(ceil int64) error {
-	if ceil <= r.leaseCeil.Load() {
+	if ceil = satAdd(ceil, r.clock.ahead()); ceil <= r.leaseCeil.Load() {
 		return nil
 	}
 	return r.raise(func(s *state) { s.LeaseCeil = max(s.LeaseCeil, ceil) })
@@ -646,6 +650,7 @@ func (r *Runner) coverLeases(p *part) {
 // half a block is left.
 func (r *Runner) ceilingLoop() {
 	defer r.wg.Done()
+	var aheadLogged int64
 	t := r.clock.newTimer(time.Duration(leaseStep / 8))
 	defer t.Stop()
 	for {
@@ -663,7 +668,13 @@ func (r *Runner) ceilingLoop() {
 			p.mu.Unlock()
 		}
 		block := r.env.tokenBlock
-		if d > 0 && satAdd(d, leaseStep/2) > r.leaseCeil.Load() {
+		ahead := r.clock.ahead()
+		if ahead > aheadLogged+int64(time.Second) {
+			aheadLogged = ahead
+			r.log.Warn("the wall clock stepped ahead of the server's since it started; lease ceilings are written that much later, so that a crash restart still waits out every lease",
+				zap.Duration("ahead", time.Duration(ahead)))
+		}
+		if d > 0 && satAdd(satAdd(d, ahead), leaseStep/2) > r.leaseCeil.Load() {
 			if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
 				r.fail("cannot persist lease ceiling", err)
 			}
