@@ -168,7 +168,7 @@ func (f *faultStore) save(s state) error {
 	return nil
 }
 
-func (f *faultStore) putSnapshot(b []byte) error {
+func (f *faultStore) putSnapshot(seq uint64, b []byte) error {
 	f.mu.Lock()
 	hook := f.snapErr
 	f.mu.Unlock()
@@ -180,7 +180,7 @@ func (f *faultStore) putSnapshot(b []byte) error {
 	f.mu.Lock()
 	f.snaps++
 	f.mu.Unlock()
-	return f.durable.putSnapshot(b)
+	return f.durable.putSnapshot(seq, b)
 }
 
 func (f *faultStore) state() state {

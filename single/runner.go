@@ -274,10 +274,10 @@ func (r *Runner) load(ld loaded, now int64) error {
 	// The first block is reserved with the start's own write.
 	st.TokenCeil = max(st.TokenCeil, satAddU(last, r.env.tokenBlock))
 	st.Shards = uint32(n)
-	if err := r.raise(func(s *state) { *s = st }); err != nil {
+	if err := r.write(func(s *state) { *s = st }, ld.snap != nil); err != nil {
 		return fmt.Errorf("data dir %q: %w", r.opt.DataDir, err)
 	}
-	if ld.snap != nil {
+	if ld.snap != nil || ld.staleSnap {
 		// From here on a crash must look like one.
 		if err := r.store.dropSnapshot(); err != nil {
 			return err
@@ -311,14 +311,18 @@ func (r *Runner) restore(b []byte) error {
 
 // raise applies change to the durable state and writes it, synced. The
 // ceilings it mirrors move only once the write is done, and never back.
-func (r *Runner) raise(change func(*state)) error {
+func (r *Runner) raise(change func(*state)) error { return r.write(change, false) }
+
+// write is raise that, with always, writes even an unchanged state (a new
+// Seq: a snapshot loaded no longer matches it).
+func (r *Runner) write(change func(*state), always bool) error {
 	r.stMu.Lock()
 	defer r.stMu.Unlock()
 	next := r.st
 	change(&next)
 	next.TokenCeil = max(next.TokenCeil, r.st.TokenCeil)
 	next.LeaseCeil = max(next.LeaseCeil, r.st.LeaseCeil)
-	if next == r.st && next.Seq != 0 {
+	if next == r.st && next.Seq != 0 && !always {
 		return nil
 	}
 	next.Seq = r.st.Seq + 1
@@ -902,7 +906,10 @@ func (r *Runner) Shutdown(ctx context.Context) error {
 	// process past ctx; the caller exits then, and the next start sees a
 	// crash (a snapshot is renamed into place whole, or not at all).
 	done := make(chan error, 1)
-	go func() { done <- r.store.putSnapshot(blob) }()
+	r.stMu.Lock()
+	seq := r.st.Seq
+	r.stMu.Unlock()
+	go func() { done <- r.store.putSnapshot(seq, blob) }()
 	select {
 	case err := <-done:
 		if cerr := r.store.close(); err == nil {

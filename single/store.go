@@ -39,10 +39,12 @@ const (
 	snapName  = "ticketd.snapshot"
 	tmpSuffix = ".tmp"
 
-	stateMagic = "TICKETD\x01"
-	snapMagic  = "TKTSNAP\x01"
-	stateSize  = 64
-	snapHeader = 8 + 8 + 4 // magic, length, checksum
+	stateMagic  = "TICKETD\x01"
+	snapMagic   = "TKTSNAP\x02"
+	snapMagic1  = "TKTSNAP\x01" // before snapshots named their state's Seq
+	stateSize   = 64
+	snapHeader  = 8 + 8 + 4 + 8 // magic, length, checksum, state Seq
+	snapHeader1 = 8 + 8 + 4
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -93,8 +95,9 @@ func decodeState(b []byte) (state, error) {
 type durable interface {
 	// save makes s the durable state; it returns once s is synced.
 	save(s state) error
-	// putSnapshot writes the clean-shutdown table, synced.
-	putSnapshot(b []byte) error
+	// putSnapshot writes the clean-shutdown table, synced, bound to the
+	// state written last (its Seq): see decodeSnapshot.
+	putSnapshot(seq uint64, b []byte) error
 	// dropSnapshot removes it, synced, so a later crash looks like one.
 	dropSnapshot() error
 	close() error
@@ -121,6 +124,7 @@ type loaded struct {
 	st        state  // valid unless fresh or damaged
 	stOK      bool   // st was read back whole
 	snap      []byte // the clean-shutdown table; nil if none
+	staleSnap bool   // a snapshot older than the state, set aside as if none
 	damage    []string
 	movedTo   []string // damaged files set aside (recovery)
 	recovered bool
@@ -204,8 +208,11 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 	case err != nil:
 		return fail(fmt.Errorf("cannot read %s in data dir %q: %w", snapName, dir, ioErr(dir, err)))
 	default:
-		if ld.snap, err = decodeSnapshot(b); err != nil {
+		var seq uint64
+		if ld.snap, seq, err = decodeSnapshot(b); err != nil {
 			ld.damage = append(ld.damage, fmt.Sprintf("%s is damaged (%v)", snapName, err))
+		} else if seq != 0 && ld.stOK && seq != ld.st.Seq {
+			ld.snap, ld.staleSnap = nil, true // a crash's restart, and the file goes
 		}
 	}
 
@@ -303,25 +310,42 @@ func (s *store) save(st state) error {
 	return nil
 }
 
-// The snapshot file: snapMagic, the blob's length and CRC-32C, the blob.
-func (s *store) putSnapshot(b []byte) error {
+// The snapshot file: snapMagic, the blob's length, the CRC-32C of the Seq
+// and the blob, the Seq of the state written last before it, the blob.
+func (s *store) putSnapshot(seq uint64, b []byte) error {
 	var h [snapHeader]byte
 	copy(h[:], snapMagic)
 	binary.BigEndian.PutUint64(h[8:], uint64(len(b)))
-	binary.BigEndian.PutUint32(h[16:], crc32.Checksum(b, castagnoli))
+	binary.BigEndian.PutUint64(h[20:], seq)
+	binary.BigEndian.PutUint32(h[16:], crc32.Update(crc32.Checksum(h[20:], castagnoli), castagnoli, b))
 	return s.writeFile(snapName, h[:], b)
 }
 
-func decodeSnapshot(b []byte) ([]byte, error) {
+// decodeSnapshot returns the blob and the Seq of the state it belongs to
+// (0 for a snapshot of the earlier format, which named none). A start that
+// loads a snapshot writes the state (a higher Seq) before it removes the
+// file: a snapshot whose Seq is not the state's is one whose removal did
+// not last (a power loss after a directory sync that failed), and loading
+// it would take tokens back.
+func decodeSnapshot(b []byte) ([]byte, uint64, error) {
+	if len(b) >= snapHeader1 && string(b[:8]) == snapMagic1 {
+		switch {
+		case binary.BigEndian.Uint64(b[8:]) != uint64(len(b)-snapHeader1):
+			return nil, 0, fmt.Errorf("%d bytes, the header says %d", len(b)-snapHeader1, binary.BigEndian.Uint64(b[8:]))
+		case crc32.Checksum(b[snapHeader1:], castagnoli) != binary.BigEndian.Uint32(b[16:]):
+			return nil, 0, errors.New("checksum mismatch")
+		}
+		return b[snapHeader1:], 0, nil
+	}
 	switch {
 	case len(b) < snapHeader || string(b[:8]) != snapMagic:
-		return nil, errors.New("not a ticketd snapshot")
+		return nil, 0, errors.New("not a ticketd snapshot")
 	case binary.BigEndian.Uint64(b[8:]) != uint64(len(b)-snapHeader):
-		return nil, fmt.Errorf("%d bytes, the header says %d", len(b)-snapHeader, binary.BigEndian.Uint64(b[8:]))
-	case crc32.Checksum(b[snapHeader:], castagnoli) != binary.BigEndian.Uint32(b[16:]):
-		return nil, errors.New("checksum mismatch")
+		return nil, 0, fmt.Errorf("%d bytes, the header says %d", len(b)-snapHeader, binary.BigEndian.Uint64(b[8:]))
+	case crc32.Update(crc32.Checksum(b[20:snapHeader], castagnoli), castagnoli, b[snapHeader:]) != binary.BigEndian.Uint32(b[16:]):
+		return nil, 0, errors.New("checksum mismatch")
 	}
-	return b[snapHeader:], nil
+	return b[snapHeader:], binary.BigEndian.Uint64(b[20:]), nil
 }
 
 func (s *store) dropSnapshot() error {

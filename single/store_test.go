@@ -1,7 +1,10 @@
 package single
 
 import (
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -246,5 +249,72 @@ func TestClusterDataDirRefused(t *testing.T) {
 		if len(names) != 2 {
 			t.Fatalf("recover=%v: the dir changed: %v", recover, names)
 		}
+	}
+}
+
+// A clean-shutdown snapshot belongs to the state written last before it. A
+// start that loads one writes the state before it removes the file; were
+// the removal lost (a power loss after a directory sync that failed), the
+// snapshot back in place must not be loaded again, which would take tokens
+// back: the next start is a crash's restart.
+func TestSnapshotBackAfterItsLoadIsNotLoaded(t *testing.T) {
+	dir := usedDir(t, true)
+	snap, err := os.ReadFile(filepath.Join(dir, snapName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Crashed {
+		t.Fatal("a clean shutdown's snapshot was not loaded")
+	}
+	floor := r.TokenFloor
+	if err := r.Close(); err != nil { // a crash
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, snapName), snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if !r2.Crashed || r2.TokenFloor <= floor {
+		t.Errorf("the old snapshot back in place: crashed=%v, tokens above %d; want a crash restart above %d", r2.Crashed, r2.TokenFloor, floor)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the stale snapshot is still there: %v", err)
+	}
+}
+
+// A snapshot written before snapshots named their state's Seq still loads.
+func TestSnapshotOfTheEarlierFormatLoads(t *testing.T) {
+	dir := usedDir(t, true)
+	p := filepath.Join(dir, snapName)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, _, err := decodeSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := make([]byte, snapHeader1, snapHeader1+len(blob))
+	copy(old, snapMagic1)
+	binary.BigEndian.PutUint64(old[8:], uint64(len(blob)))
+	binary.BigEndian.PutUint32(old[16:], crc32.Checksum(blob, castagnoli))
+	if err := os.WriteFile(p, append(old, blob...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Crashed {
+		t.Error("a snapshot of the earlier format was not loaded")
 	}
 }
