@@ -28,6 +28,7 @@ type config struct {
 	maxKeys          int
 	maxConns         int
 	maxInflight      int
+	sendBuffer       int
 	loops            int
 	logLevel         string
 	logFormat        string
@@ -67,6 +68,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.maxKeys, "max-keys", 10_000_000, "registered keys in the server before B")
 	fs.IntVar(&c.maxConns, "max-conns", 0, "open connections; more are refused (default: the descriptor limit less a reserve)")
 	fs.IntVar(&c.maxInflight, "max-inflight", 4096, "unanswered requests per connection before it stops being read (acquires queued for their key do not count)")
+	fs.IntVar(&c.sendBuffer, "send-buffer", 0, "SO_SNDBUF of client connections in bytes, which bounds the kernel memory a client that does not read holds (0: the kernel's autotuned size)")
 	fs.IntVar(&c.loops, "loops", 0, "event loops (default: single mode half the cores, at least 1, with as many Go Ps; cluster mode one per core)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "console", "console or json")
@@ -145,6 +147,9 @@ func (c *config) validate() error {
 		if f.v < 1 {
 			return bad(f.name, "%d must be at least 1", f.v)
 		}
+	}
+	if c.sendBuffer < 0 {
+		return bad("send-buffer", "%d must not be negative", c.sendBuffer)
 	}
 	if c.loops < 0 || c.loops > 1024 {
 		return bad("loops", "%d is not between 0 and 1024", c.loops)

@@ -131,6 +131,7 @@ func serve(cfg *config, log *zap.Logger) error {
 		Limits:       codec.Limits{MaxLeaseMs: ms(cfg.maxLease), MaxWaitMs: ms(cfg.maxWait)},
 		MaxConns:     cfg.maxConns,
 		MaxInflight:  cfg.maxInflight,
+		SendBuffer:   cfg.sendBuffer,
 		Loops:        cfg.loops,
 		LockThreads:  lockThreads,
 		Logger:       log.Named("gnet").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)),

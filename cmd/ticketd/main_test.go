@@ -63,6 +63,7 @@ func TestDurationFlags(t *testing.T) {
 		{"max-lease", "2562047h"},
 		{"max-lease", "721h"},
 		{"shutdown-timeout", "0s"},
+		{"send-buffer", "-1"},
 	}
 	for _, tc := range bad {
 		_, err := parseConfig([]string{"--" + tc.flag, tc.value}, io.Discard)
