@@ -46,9 +46,11 @@ func TestUnsentRequestsKeepTheirOrder(t *testing.T) {
 	for i := 1; shard.Index(key, 2) != 0; i++ { // a key of the broken slot
 		key = "k" + strconv.Itoa(i)
 	}
-	rel := &call{kind: 'R', internal: true, key: key, token: 7, until: time.Now().Add(time.Minute)}
-	acq := &call{kind: 'A', key: key, seq: 1, leaseMs: 60000}
-	other := &call{kind: 'A', key: key, seq: 2, leaseMs: 60000}
+	rel := testCall(func(c *call) {
+		c.kind, c.internal, c.key, c.token, c.until = 'R', true, key, 7, time.Now().Add(time.Minute)
+	})
+	acq := testCall(func(c *call) { c.kind, c.key, c.seq, c.leaseMs = 'A', key, 1, 60000 })
+	other := testCall(func(c *call) { c.kind, c.key, c.seq, c.leaseMs = 'A', key, 2, 60000 })
 	for _, c := range []*call{rel, acq, other} {
 		if !broken.push(c) {
 			t.Fatal("push to an open slot failed")
@@ -67,4 +69,58 @@ func kinds(cs []*call) []string {
 		out = append(out, string(c.kind)+strconv.FormatUint(c.seq, 10))
 	}
 	return out
+}
+
+// A release sent again (its first copy's outcome unknown) that its new
+// connection drops before writing it is held for the slot's next
+// connection once more, and fails with its unknown outcome only at its
+// lock's Deadline. A release never sent fails at once, as not sent.
+func TestResentReleaseDroppedUnsentIsHeldAgain(t *testing.T) {
+	cl := &Client{addrs: []string{"127.0.0.1:1"}}
+	s := newSlot(cl, 0)
+	cl.slots = []*slot{s}
+	s.head.Store(nil)
+	outcome := make(chan error, 2)
+	resent := testCall(func(c *call) {
+		c.kind, c.key, c.token, c.resent, c.until = 'R', "k", 7, true, time.Now().Add(200*time.Millisecond)
+		c.onRelease = func(err error) { outcome <- err }
+	})
+	fresh := testCall(func(c *call) {
+		c.kind, c.key, c.token, c.until = 'R', "j", 8, time.Now().Add(time.Minute)
+		c.onRelease = func(err error) { outcome <- err }
+	})
+	for _, c := range []*call{resent, fresh} {
+		if !s.push(c) {
+			t.Fatal("push to an open slot failed")
+		}
+	}
+	start := time.Now()
+	s.failUnsent(errors.New("broken"))
+	// The fresh release fails at once, not sent; the one sent again is held.
+	var ce *ConnError
+	if err := <-outcome; !errors.As(err, &ce) || ce.Unknown {
+		t.Fatalf("the release never sent: %v, want a ConnError that says it was not sent", err)
+	}
+	s.mu.Lock()
+	held := len(s.held)
+	s.mu.Unlock()
+	if held != 1 {
+		t.Fatalf("%d releases held for the next connection, want the one sent again", held)
+	}
+	err := <-outcome
+	if !errors.As(err, &ce) || !ce.Unknown || !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("the release sent again: %v, want an unknown outcome", err)
+	}
+	if d := time.Since(start); d < 150*time.Millisecond {
+		t.Errorf("failed after %v, before its lock's Deadline", d)
+	}
+}
+
+// testCall is a call from the pool, set by set: finish puts calls back in
+// the pool, and one without its done channel would hang whichever caller
+// got it next.
+func testCall(set func(c *call)) *call {
+	c := getCall()
+	set(c)
+	return c
 }
