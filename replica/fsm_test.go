@@ -42,7 +42,8 @@ func acquire(conn, seq uint64, owner, key string, lease, wait uint64) shard.Comm
 	return shard.Command{Op: shard.OpAcquire, From: shard.Requester{Conn: conn, Seq: seq}, Owner: []byte(owner), Key: []byte(key), LeaseMs: lease, WaitMs: wait}
 }
 
-func update(t *testing.T, f *fsm, bs ...batch) {
+// update applies bs as one Update and returns each entry's result.
+func update(t *testing.T, f *fsm, bs ...batch) []uint64 {
 	t.Helper()
 	ents := make([]sm.Entry, len(bs))
 	for i, b := range bs {
@@ -51,6 +52,11 @@ func update(t *testing.T, f *fsm, bs ...batch) {
 	if _, err := f.Update(ents); err != nil {
 		t.Fatal(err)
 	}
+	var out []uint64
+	for _, e := range ents {
+		out = append(out, e.Result.Value)
+	}
+	return out
 }
 
 func TestFSMAppliesARetriedBatchOnce(t *testing.T) {
@@ -239,23 +245,6 @@ func TestFSMPassesHandOverNoticesOn(t *testing.T) {
 	}
 }
 
-// results applies bs as one Update and returns each entry's result.
-func results(t *testing.T, f *fsm, bs ...batch) []uint64 {
-	t.Helper()
-	ents := make([]sm.Entry, len(bs))
-	for i, b := range bs {
-		ents[i] = sm.Entry{Index: f.applied + uint64(i) + 1, Cmd: b.bytes()}
-	}
-	if _, err := f.Update(ents); err != nil {
-		t.Fatal(err)
-	}
-	var out []uint64
-	for _, e := range ents {
-		out = append(out, e.Result.Value)
-	}
-	return out
-}
-
 // A batch of this run of this node that this replica will not answer says
 // so to its proposer, whose connections then hear that the outcome is
 // unknown instead of waiting for nothing: a retry of a batch that a
@@ -282,7 +271,7 @@ func TestFSMTellsItsProposerOfBatchesItWillNotAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.got = nil
-	got := results(t, f,
+	got := update(t, f,
 		batch{h: header{node: 1, inc: 1, batch: 7, floor: 6, stamp: 2e9}, cmds: acq(1, "k")}, // the retry
 		batch{h: header{node: 1, inc: 1, batch: 8, floor: 6, stamp: 2e9}, cmds: acq(3, "i")}, // new
 	)
@@ -293,14 +282,14 @@ func TestFSMTellsItsProposerOfBatchesItWillNotAnswer(t *testing.T) {
 		t.Errorf("answers %q, want %q", rec.got, want)
 	}
 	// The same retry from another node, or once more: nothing to say.
-	if got := results(t, f, batch{h: header{node: 1, inc: 1, batch: 7, floor: 6, stamp: 2e9}, cmds: acq(1, "k")}); got[0] != resultApplied {
+	if got := update(t, f, batch{h: header{node: 1, inc: 1, batch: 7, floor: 6, stamp: 2e9}, cmds: acq(1, "k")}); got[0] != resultApplied {
 		t.Errorf("a second retry: result %d", got[0])
 	}
 
 	// This run's batches are refused once a later run's were applied (the
 	// data dir's incarnation went back).
 	update(t, f, batch{h: header{node: 1, inc: 2, batch: 1, stamp: 3e9}, cmds: acq(4, "h")})
-	if got := results(t, f, batch{h: header{node: 1, inc: 1, batch: 9, floor: 9, stamp: 3e9}, cmds: acq(5, "g")}); got[0] != resultUnanswered {
+	if got := update(t, f, batch{h: header{node: 1, inc: 1, batch: 9, floor: 9, stamp: 3e9}, cmds: acq(5, "g")}); got[0] != resultUnanswered {
 		t.Errorf("a batch refused as an earlier run's: result %d, want %d", got[0], resultUnanswered)
 	}
 }
