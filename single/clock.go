@@ -3,6 +3,7 @@ package single
 import (
 	"bytes"
 	"io"
+	"sync/atomic"
 	"time"
 )
 
@@ -11,8 +12,8 @@ import (
 type clock interface {
 	// now is unix nanoseconds; it never goes back within a run.
 	now() int64
-	// ahead is how far the wall clock now reads ahead of now (0 if it does
-	// not): a step forward since the start, which the next run will read.
+	// ahead is the most the wall clock has read ahead of now so far (0 if
+	// never): a step forward since the start, which the next run will read.
 	ahead() int64
 	newTimer(d time.Duration) timer
 }
@@ -32,18 +33,29 @@ type timer interface {
 type wallClock struct {
 	start time.Time
 	base  int64
+	// most is the largest step ahead of the wall clock seen by now, which
+	// reads it anyway (the request path does, once per batch), so that a
+	// grant after a step already finds it.
+	most atomic.Int64
 }
 
-func newWallClock() wallClock {
+func newWallClock() *wallClock {
 	t := time.Now()
-	return wallClock{start: t, base: t.UnixNano()}
+	return &wallClock{start: t, base: t.UnixNano()}
 }
 
-func (c wallClock) now() int64 { return c.base + int64(time.Since(c.start)) }
+func (c *wallClock) now() int64 {
+	t := time.Now()
+	n := c.base + int64(t.Sub(c.start))
+	if a := t.UnixNano() - n; a > c.most.Load()+int64(time.Millisecond) {
+		c.most.Store(a) // a step: rare, and only ever larger
+	}
+	return n
+}
 
-func (c wallClock) ahead() int64 { return max(time.Now().UnixNano()-c.now(), 0) }
+func (c *wallClock) ahead() int64 { return c.most.Load() }
 
-func (wallClock) newTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
+func (*wallClock) newTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
 
 type realTimer struct{ t *time.Timer }
 

@@ -321,3 +321,24 @@ func TestWallClockStepAheadKeepsTheGrace(t *testing.T) {
 		t.Fatalf("grace until %v, before the lease's end on the wall clock %v", time.Duration(g2.r.GraceUntil-granted), time.Duration(end-granted))
 	}
 }
+
+// A grant made after such a step leaves under a ceiling that counts it,
+// without waiting for the ceiling loop: a crash right after it still waits
+// out its lease on the wall clock.
+func TestGrantAfterWallClockStepIsCovered(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	c := g.dial()
+	c.acquire("o", "first", 60_000) // the ceiling now covers a minute and a bit
+	const step = 30 * time.Second
+	g.clock.stepWall(step)
+	granted := g.clock.now()
+	c.acquire("o", "second", 60_000) // ends within the ceiling, by the runner's clock
+	g.crash()
+
+	next := newFakeClock(g.clock.now() + int64(step))
+	g2 := startRig(t, dir, rigOpts{clock: next})
+	if end := granted + int64(60*time.Second+step); g2.r.GraceUntil < end {
+		t.Fatalf("grace until %v after the grant, before its lease's end on the wall clock %v", time.Duration(g2.r.GraceUntil-granted), time.Duration(end-granted))
+	}
+}

@@ -633,11 +633,12 @@ func (r *Runner) deliver(a *shard.Answer, b []byte) bool {
 }
 
 // coverLeases makes the durable lease ceiling cover every deadline p's
-// table granted. ceilingLoop keeps the ceiling ahead of steady traffic; only
-// a lease longer than any before lands here and pays a synced write under
-// the shard lock, before any answer can leave. Under p.mu.
+// table granted, plus any step of the wall clock ahead (see raiseLease).
+// ceilingLoop keeps the ceiling ahead of steady traffic; only a lease
+// longer than any before, or a step, lands here and pays a synced write
+// under the shard lock, before any answer can leave. Under p.mu.
 func (r *Runner) coverLeases(p *part) {
-	if d := p.t.MaxDeadline(); d > r.leaseCeil.Load() {
+	if d := p.t.MaxDeadline(); satAdd(d, r.clock.ahead()) > r.leaseCeil.Load() {
 		r.syncReserves.Add(1)
 		if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
 			r.fail("cannot persist lease ceiling", err)
@@ -672,6 +673,7 @@ func (r *Runner) ceilingLoop() {
 			p.mu.Unlock()
 		}
 		block := r.env.tokenBlock
+		r.clock.now() // reads the wall clock: a step with no traffic is seen too
 		ahead := r.clock.ahead()
 		if ahead > aheadLogged+int64(time.Second) {
 			aheadLogged = ahead
