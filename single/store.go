@@ -328,24 +328,28 @@ func (s *store) putSnapshot(seq uint64, b []byte) error {
 // not last (a power loss after a directory sync that failed), and loading
 // it would take tokens back.
 func decodeSnapshot(b []byte) ([]byte, uint64, error) {
-	if len(b) >= snapHeader1 && string(b[:8]) == snapMagic1 {
-		switch {
-		case binary.BigEndian.Uint64(b[8:]) != uint64(len(b)-snapHeader1):
-			return nil, 0, fmt.Errorf("%d bytes, the header says %d", len(b)-snapHeader1, binary.BigEndian.Uint64(b[8:]))
-		case crc32.Checksum(b[snapHeader1:], castagnoli) != binary.BigEndian.Uint32(b[16:]):
-			return nil, 0, errors.New("checksum mismatch")
-		}
-		return b[snapHeader1:], 0, nil
-	}
-	switch {
-	case len(b) < snapHeader || string(b[:8]) != snapMagic:
+	hdr := snapHeader
+	if len(b) >= 8 && string(b[:8]) == snapMagic1 {
+		hdr = snapHeader1
+	} else if len(b) < 8 || string(b[:8]) != snapMagic {
 		return nil, 0, errors.New("not a ticketd snapshot")
-	case binary.BigEndian.Uint64(b[8:]) != uint64(len(b)-snapHeader):
-		return nil, 0, fmt.Errorf("%d bytes, the header says %d", len(b)-snapHeader, binary.BigEndian.Uint64(b[8:]))
-	case crc32.Update(crc32.Checksum(b[20:snapHeader], castagnoli), castagnoli, b[snapHeader:]) != binary.BigEndian.Uint32(b[16:]):
+	}
+	if len(b) < hdr {
+		return nil, 0, errors.New("not a ticketd snapshot")
+	}
+	if n := binary.BigEndian.Uint64(b[8:]); n != uint64(len(b)-hdr) {
+		return nil, 0, fmt.Errorf("%d bytes, the header says %d", len(b)-hdr, n)
+	}
+	var seq uint64
+	sum := crc32.Checksum(b[hdr:], castagnoli)
+	if hdr == snapHeader {
+		seq = binary.BigEndian.Uint64(b[20:])
+		sum = crc32.Update(crc32.Checksum(b[20:hdr], castagnoli), castagnoli, b[hdr:])
+	}
+	if sum != binary.BigEndian.Uint32(b[16:]) {
 		return nil, 0, errors.New("checksum mismatch")
 	}
-	return b[snapHeader:], binary.BigEndian.Uint64(b[20:]), nil
+	return b[hdr:], seq, nil
 }
 
 func (s *store) dropSnapshot() error {
