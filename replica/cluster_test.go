@@ -49,6 +49,17 @@ func newTestCluster(t *testing.T, shards int) *testCluster {
 
 func newTestClusterWith(t *testing.T, shards int, tune func(*Options)) *testCluster {
 	t.Helper()
+	c := newStoppedCluster(t, shards, tune)
+	for i := range 3 {
+		c.start(i)
+	}
+	c.waitReady()
+	return c
+}
+
+// newStoppedCluster is a cluster of three nodes none of which has started.
+func newStoppedCluster(t *testing.T, shards int, tune func(*Options)) *testCluster {
+	t.Helper()
 	c := &testCluster{t: t, peers: map[uint32]string{}, opt: Options{Shards: shards, RTT: 10 * time.Millisecond, ElectionRTT: 20}}
 	if tune != nil {
 		tune(&c.opt)
@@ -60,11 +71,7 @@ func newTestClusterWith(t *testing.T, shards int, tune func(*Options)) *testClus
 	c.nodes = make([]*Node, 3)
 	c.srvs = make([]*netloop.Server, 3)
 	c.addrs = make([]string, 3)
-	for i := range 3 {
-		c.start(i)
-	}
 	t.Cleanup(c.stopAll)
-	c.waitReady()
 	return c
 }
 

@@ -3,6 +3,8 @@ package replica
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"math"
 
 	"github.com/ticketd/ticketd/shard"
 )
@@ -20,11 +22,16 @@ import (
 // incarnation of one node to one shard from 1 up; 0 marks a batch whose
 // commands are harmless to apply twice (the leader's Expire and WaitTimeout),
 // which is not remembered for deduplication. A batch with id 0 and no
-// commands is a notice of the hand-over of the shard's leadership (see
-// Node.quiesce), which changes no state; its floor tells which:
+// commands is a notice; its floor tells which. Notices of the hand-over of
+// the shard's leadership (see Node.quiesce) change no state:
 // noticeHandOver, from the leader about to hand over, or noticeDrained,
 // from a node that holds its proposals to the shard and has none in
-// flight. A command is its Op byte, then:
+// flight. noticeSettings is followed by its proposer's settings,
+//
+//	shards maxKeys maxWaiters maxWaitersPerKey
+//
+// and the first one applied becomes the shard's (see fsm.settings). A
+// command is its Op byte, then:
 //
 //	acquire       conn seq owner key leaseMs waitMs
 //	release       conn seq key token
@@ -40,7 +47,28 @@ const entryVersion = 1
 const (
 	noticeHandOver = 0
 	noticeDrained  = 1
+	noticeSettings = 2
 )
+
+// settings are the flags that decide what a shard's replicas answer: the
+// shard count, which routes keys to shards, and the limits, which decide B.
+// Totals over the cluster, as given on the command line.
+type settings struct {
+	shards int
+	limits
+}
+
+func (s settings) String() string {
+	return fmt.Sprintf("--shards %d --max-keys %d --max-waiters %d --max-waiters-per-key %d",
+		s.shards, s.MaxKeys, s.MaxWaiters, s.MaxWaitersPerKey)
+}
+
+func appendSettings(b []byte, s settings) []byte {
+	for _, v := range []int{s.shards, s.MaxKeys, s.MaxWaiters, s.MaxWaitersPerKey} {
+		b = binary.AppendUvarint(b, uint64(v))
+	}
+	return b
+}
 
 type header struct {
 	node  uint32
@@ -171,6 +199,18 @@ func (r *reader) header() header {
 	h.stamp = r.varint()
 	h.count = r.uvarint()
 	return h
+}
+
+func (r *reader) settings() settings {
+	var v [4]int
+	for i := range v {
+		n := r.uvarint()
+		if n > math.MaxInt64 {
+			r.err = errEntry
+		}
+		v[i] = int(n)
+	}
+	return settings{shards: v[0], limits: limits{MaxKeys: v[1], MaxWaiters: v[2], MaxWaitersPerKey: v[3]}}
 }
 
 // command decodes the next command into c; slices point into the entry.

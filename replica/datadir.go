@@ -49,7 +49,7 @@ const identityFile = "cluster.json"
 // ErrDataDirInUse is returned when another process holds the data dir.
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
-func openDataDir(path string, node uint32, peers map[uint32]string, shards int, lim limits) (*dataDir, error) {
+func openDataDir(path string, node uint32, peers map[uint32]string, set settings) (*dataDir, error) {
 	if err := atomicfile.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
@@ -70,7 +70,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 		return nil, fmt.Errorf("cannot lock data dir %q: %w", path, err)
 	}
 	d := &dataDir{path: path, lock: lock}
-	id := identity{Node: node, Peers: peers, Shards: shards, Limits: &lim}
+	id := identity{Node: node, Peers: peers, Shards: set.shards, Limits: &set.limits}
 	b, err := os.ReadFile(filepath.Join(path, identityFile))
 	switch {
 	case err == nil:
@@ -129,6 +129,13 @@ func (d *dataDir) raftMade() error {
 		return fmt.Errorf("cannot write to data dir %q: %w", d.path, err)
 	}
 	return nil
+}
+
+// adopt records set as the settings the next start must be given: the
+// cluster's, found to differ from this run's.
+func (d *dataDir) adopt(set settings) error {
+	d.id.Shards, d.id.Limits = set.shards, &set.limits
+	return writeSynced(filepath.Join(d.path, identityFile), &d.id)
 }
 
 func (old *identity) differs(id *identity) string {

@@ -57,16 +57,21 @@ type fsm struct {
 	node uint32
 	out  sink
 
-	mu      sync.Mutex // Update vs the leader's timer, Lookup and stats
-	t       *shard.Table
-	now     int64                // replicated clock: largest stamp applied (state)
-	props   map[uint32]*proposer // per node (state)
-	applied uint64               // last applied log index (not state: Dragonboat keeps it)
-	refused uint64               // batches refused as stale (not state)
-	ans     []shard.Answer       // scratch
-	cmd     shard.Command        // scratch
-	mine    []shard.Answer       // answers for this node, per Update
-	notices []header             // hand-over notices applied, per Update
+	mu    sync.Mutex // Update vs the leader's timer, Lookup and stats
+	t     *shard.Table
+	now   int64                // replicated clock: largest stamp applied (state)
+	props map[uint32]*proposer // per node (state)
+	// set is the shard's settings, from the first notice of them applied
+	// (nil: none yet; the log of an older ticketd), and setBy the node that
+	// sent it (state).
+	set     *settings
+	setBy   uint32
+	applied uint64         // last applied log index (not state: Dragonboat keeps it)
+	refused uint64         // batches refused as stale (not state)
+	ans     []shard.Answer // scratch
+	cmd     shard.Command  // scratch
+	mine    []shard.Answer // answers for this node, per Update
+	notices []header       // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
 	// here (not state).
@@ -189,6 +194,16 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 		f.t.Apply(f.now, &f.cmd, nil)
 	}
 	if h.batch == 0 && h.count == 0 {
+		if h.floor == noticeSettings {
+			s := r.settings()
+			if r.err != nil || len(r.b) != 0 {
+				return 0, errEntry
+			}
+			if f.set == nil {
+				f.adopt(s, h.node)
+			}
+			return resultApplied, nil
+		}
 		f.notices = append(f.notices, h)
 		return resultApplied, nil
 	}
@@ -226,6 +241,26 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 		return 0, errEntry
 	}
 	return resultApplied, nil
+}
+
+// adopt makes s the shard's settings. Every node announces its own before
+// it proposes anything else (see group.announce), so every replica applies
+// every batch of the log after the first notice under the same limits,
+// whatever its own flags say: replicas cannot part on a B. Under f.mu.
+func (f *fsm) adopt(s settings, by uint32) {
+	f.set, f.setBy = &s, by
+	f.t.SetLimits(perShard(s.MaxKeys, s.shards), s.MaxWaitersPerKey, perShard(s.MaxWaiters, s.shards))
+}
+
+// settings returns the shard's settings and the node that sent them; false
+// if none was applied yet.
+func (f *fsm) settings() (settings, uint32, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.set == nil {
+		return settings{}, 0, false
+	}
+	return *f.set, f.setBy, true
 }
 
 // keep copies the answers addressed to this node (their slices point into the
@@ -297,19 +332,28 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan str
 // Close implements sm.IConcurrentStateMachine.
 func (f *fsm) Close() error { return nil }
 
-// Replica snapshot, version 1, uvarints unless said otherwise:
+// Replica snapshot, version 2, uvarints unless said otherwise:
 //
 //	"TKRS" version(1 byte) now(varint)
+//	setBy (0: no settings), then if not 0: shards maxKeys maxWaiters maxWaitersPerKey
 //	nodeCount, per node ascending: node incarnation floor idCount id* (ascending)
 //	the table's own snapshot (shard.WriteSnapshot, with its checksum)
+//
+// Version 1, without the settings line, still loads.
 const (
 	replMagic   = "TKRS"
-	replVersion = 1
+	replVersion = 2
 )
 
 func (f *fsm) writeState(w io.Writer) error {
 	b := append([]byte(replMagic), replVersion)
 	b = binary.AppendVarint(b, f.now)
+	if f.set == nil {
+		b = binary.AppendUvarint(b, 0)
+	} else {
+		b = binary.AppendUvarint(b, uint64(f.setBy))
+		b = appendSettings(b, *f.set)
+	}
 	nodes := make([]uint32, 0, len(f.props))
 	for n := range f.props {
 		nodes = append(nodes, n)
@@ -341,7 +385,7 @@ var errSnapshot = errors.New("replica: bad snapshot")
 
 func (f *fsm) readState(r *bufio.Reader) error {
 	magic := make([]byte, len(replMagic)+1)
-	if _, err := io.ReadFull(r, magic); err != nil || string(magic[:4]) != replMagic || magic[4] != replVersion {
+	if _, err := io.ReadFull(r, magic); err != nil || string(magic[:4]) != replMagic || magic[4] < 1 || magic[4] > replVersion {
 		return errSnapshot
 	}
 	var err error
@@ -354,6 +398,20 @@ func (f *fsm) readState(r *bufio.Reader) error {
 		return v
 	}
 	now, err := binary.ReadVarint(r)
+	var set *settings
+	var setBy uint32
+	if magic[4] >= 2 {
+		if by := uv(); by != 0 {
+			v := [4]uint64{uv(), uv(), uv(), uv()}
+			for _, x := range v {
+				if x > math.MaxInt64 {
+					err = errSnapshot
+				}
+			}
+			set = &settings{shards: int(v[0]), limits: limits{MaxKeys: int(v[1]), MaxWaiters: int(v[2]), MaxWaitersPerKey: int(v[3])}}
+			setBy = uint32(by)
+		}
+	}
 	props := make(map[uint32]*proposer)
 	for n := uv(); err == nil && n > 0; n-- {
 		node := uint32(uv())
@@ -370,7 +428,10 @@ func (f *fsm) readState(r *bufio.Reader) error {
 	if err := t.ReadSnapshot(r); err != nil {
 		return err
 	}
-	f.t, f.now, f.props = t, now, props
+	f.t, f.now, f.props, f.set = t, now, props, nil
+	if set != nil {
+		f.adopt(*set, setBy)
+	}
 	return nil
 }
 

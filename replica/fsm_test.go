@@ -2,6 +2,7 @@ package replica
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
@@ -291,5 +292,79 @@ func TestFSMTellsItsProposerOfBatchesItWillNotAnswer(t *testing.T) {
 	update(t, f, batch{h: header{node: 1, inc: 2, batch: 1, stamp: 3e9}, cmds: acq(4, "h")})
 	if got := update(t, f, batch{h: header{node: 1, inc: 1, batch: 9, floor: 9, stamp: 3e9}, cmds: acq(5, "g")}); got[0] != resultUnanswered {
 		t.Errorf("a batch refused as an earlier run's: result %d, want %d", got[0], resultUnanswered)
+	}
+}
+
+// The first settings notice of a shard's log decides its limits on every
+// replica, whatever each was configured with; later ones change nothing.
+// Snapshots carry them, and those of the format before them still load.
+func TestFSMAppliesTheFirstSettingsOfItsLog(t *testing.T) {
+	notice := func(node uint32, maxKeys int) []byte {
+		b := appendHeader(nil, header{node: node, inc: 1, floor: noticeSettings, stamp: 1e9})
+		return appendSettings(b, settings{shards: 1, limits: limits{MaxKeys: maxKeys}})
+	}
+	log := []sm.Entry{{Index: 1, Cmd: notice(2, 2)}, {Index: 2, Cmd: notice(1, 5)}}
+	for i, key := range []string{"a", "b", "c"} {
+		b := batch{h: header{node: 1, inc: 1, batch: uint64(i + 1), stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), uint64(i+1), "o", key, 5000, 0)}}
+		log = append(log, sm.Entry{Index: uint64(i + 3), Cmd: b.bytes()})
+	}
+	var sums [][32]byte
+	for _, cfg := range []shard.Config{{}, {MaxKeys: 1}, {MaxKeys: 9}} {
+		rec := &recorder{}
+		f := newFSM(0, 1, cfg, rec)
+		if _, err := f.Update(slices.Clone(log)); err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{"A o a", "A o b", "B o c"}; !slices.Equal(rec.got, want) {
+			t.Fatalf("configured with %+v: answers %q, want %q", cfg, rec.got, want)
+		}
+		if set, by, ok := f.settings(); !ok || by != 2 || set.MaxKeys != 2 {
+			t.Fatalf("settings %+v from %d (%v), want node 2's", set, by, ok)
+		}
+		_, sum, _ := f.digest()
+		sums = append(sums, sum)
+	}
+	if sums[0] != sums[1] || sums[0] != sums[2] {
+		t.Fatal("replicas configured differently differ")
+	}
+
+	f := newFSM(0, 1, shard.Config{}, nil)
+	if _, err := f.Update(slices.Clone(log)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, _ := f.PrepareSnapshot()
+	g := newFSM(0, 2, shard.Config{MaxKeys: 7}, nil)
+	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if set, by, ok := g.settings(); !ok || by != 2 || set.MaxKeys != 2 {
+		t.Fatalf("restored settings %+v from %d (%v)", set, by, ok)
+	}
+	rec := &recorder{}
+	g.out = rec
+	update(t, g, batch{h: header{node: 2, inc: 1, batch: 1, stamp: 3e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "p", "d", 5000, 0)}})
+	if want := []string{"B p d"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("restored replica answered %q, want %q", rec.got, want)
+	}
+
+	// Version 1: no settings line (the byte after now).
+	old := newFSM(0, 1, shard.Config{}, nil)
+	update(t, old, batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "a", 5000, 0)}})
+	ctx, _ = old.PrepareSnapshot()
+	v2 := ctx.([]byte)
+	at := len(replMagic) + 1 + len(binary.AppendVarint(nil, old.now))
+	if v2[at] != 0 {
+		t.Fatal("no settings should be one 0 byte")
+	}
+	v1 := slices.Concat(v2[:len(replMagic)], []byte{1}, v2[len(replMagic)+1:at], v2[at+1:])
+	h := newFSM(0, 2, shard.Config{}, nil)
+	if err := h.RecoverFromSnapshot(bytes.NewReader(v1), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.applied = old.applied
+	_, a, _ := old.digest()
+	_, b, _ := h.digest()
+	if _, _, ok := h.settings(); ok || a != b {
+		t.Fatal("a snapshot of version 1 did not load as it was")
 	}
 }

@@ -25,7 +25,9 @@ import (
 )
 
 // Options configure a Node. Every node of a cluster must be given the same
-// Peers, Shards and limits: they decide what the replicated tables do.
+// Peers, Shards and limits: they decide what the replicated tables do. The
+// first Shards and limits each shard's log records are the shard's, and a
+// node started with others stops (see Node.Failed).
 type Options struct {
 	NodeID uint32
 	Peers  map[uint32]string // raft address of every node, this one's included
@@ -161,6 +163,11 @@ type Node struct {
 	wg          sync.WaitGroup
 	timerKick   chan struct{} // capacity 1: see timerLoop
 
+	set      settings      // this node's, announced to every shard
+	failed   chan struct{} // closed when the node must stop: see mismatch
+	failOnce sync.Once
+	failErr  error // set before failed closes
+
 	stats nodeStats
 }
 
@@ -185,9 +192,11 @@ type group struct {
 	conns []uint64            // local connections with a request in pend
 	next  uint64              // batch id of the next proposal
 	open  map[uint64]struct{} // batch ids in flight: the floor is the least
-	force bool                // propose even an empty batch (the first announces this incarnation)
-	kick  chan struct{}
-	slots chan struct{} // proposals in flight
+	force bool                // propose even an empty batch (see quorumLoop)
+	// agreed: this node's settings matched the shard's (proposer only).
+	agreed bool
+	kick   chan struct{}
+	slots  chan struct{} // proposals in flight
 
 	out netloop.Outbox // deliver's; the shard's apply goroutine only
 
@@ -240,8 +249,8 @@ func Start(opt Options) (*Node, error) {
 		return nil, err
 	}
 	setupLogging(opt.Logger)
-	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards,
-		limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey})
+	set := settings{shards: opt.Shards, limits: limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey}}
+	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, set)
 	if err != nil {
 		return nil, err
 	}
@@ -249,6 +258,7 @@ func Start(opt Options) (*Node, error) {
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
 		reach: make(map[string]bool), reachSince: make(map[string]time.Time), reconnected: make(map[string]bool),
 		stop: make(chan struct{}), timerKick: make(chan struct{}, 1),
+		set: set, failed: make(chan struct{}),
 	}
 	for id := range opt.Peers {
 		n.ids = append(n.ids, id)
@@ -280,18 +290,21 @@ func Start(opt Options) (*Node, error) {
 		return nil, err
 	}
 	// Dragonboat records the members at bootstrap; a restart passes none
-	// (the log knows them, and they may have changed since).
-	var members map[uint64]dragonboat.Target
-	join := false
-	if dir.fresh {
-		if opt.Join {
-			join = true
-		} else {
-			members = make(map[uint64]dragonboat.Target, len(opt.Peers))
-			for id, addr := range opt.Peers {
-				members[uint64(id)] = addr
-			}
+	// (the log knows them, and they may have changed since), but for a
+	// shard this node never started: its first run had another --shards,
+	// stopped by mismatch.
+	initial := make(map[uint64]dragonboat.Target, len(opt.Peers))
+	for id, addr := range opt.Peers {
+		initial[uint64(id)] = addr
+	}
+	bootstrap := func(shardID uint64) (map[uint64]dragonboat.Target, bool) {
+		if !dir.fresh && nh.HasNodeInfo(shardID, uint64(opt.NodeID)) {
+			return nil, false
 		}
+		if opt.Join {
+			return nil, true
+		}
+		return initial, false
 	}
 	tcfg := shard.Config{
 		MaxKeys:          perShard(opt.MaxKeys, opt.Shards),
@@ -300,7 +313,7 @@ func Start(opt Options) (*Node, error) {
 	}
 	n.grps = make([]*group, opt.Shards)
 	for i := range n.grps {
-		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1, force: true,
+		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1,
 			open: make(map[uint64]struct{})}
 		n.grps[i] = g
 		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
@@ -319,6 +332,7 @@ func Start(opt Options) (*Node, error) {
 			SnapshotEntries:    opt.SnapshotEntries,
 			CompactionOverhead: opt.SnapshotEntries / 4,
 		}
+		members, join := bootstrap(g.id)
 		if err := nh.StartConcurrentReplica(members, join, create, rc); err != nil {
 			nh.Close()
 			dir.close()
@@ -564,6 +578,9 @@ func (g *group) proposer() {
 			return
 		case <-g.kick:
 		}
+		if !g.agreed && !g.announce() {
+			continue
+		}
 		for {
 			select {
 			case g.slots <- struct{}{}:
@@ -604,6 +621,46 @@ func (g *group) proposer() {
 	}
 }
 
+// announce commits this node's settings to the shard before anything else
+// it proposes there, and checks them against the shard's (see fsm.adopt): a
+// node that routes keys or decides B otherwise than the shard's replicas
+// must not take requests. If the notice cannot commit, or the settings
+// differ, what is queued is answered E unavailable; the next request tries
+// again, unless the node is stopping for a mismatch.
+func (g *group) announce() bool {
+	n := g.n
+	h := header{node: n.opt.NodeID, inc: n.inc, floor: noticeSettings}
+	if n.Err() == nil && g.propose(h, appendSettings(nil, n.set)) {
+		set, by, ok := g.fsm.Load().settings()
+		if !ok || set == n.set {
+			g.agreed = true
+			return true
+		}
+		n.mismatch(g, set, by)
+	}
+	g.mu.Lock()
+	conns := g.conns
+	g.pend, g.pendN, g.conns = g.pend[:0], 0, nil
+	g.mu.Unlock()
+	n.fail(conns)
+	return false
+}
+
+// mismatch stops the node: its settings are not the cluster's. Its data dir
+// takes the cluster's, so that it starts again with the cluster's flags.
+func (n *Node) mismatch(g *group, set settings, by uint32) {
+	n.failOnce.Do(func() {
+		err := fmt.Errorf("this node was started with %s, but the cluster runs with %s (shard %d's log has them from node %d): every node must run with the same, or replicas would answer differently; start this node again with the cluster's",
+			n.set, set, g.idx, by)
+		if werr := n.dir.adopt(set); werr != nil {
+			err = fmt.Errorf("%w (and its data dir could not take them: %v)", err, werr)
+		}
+		n.log.Error("stopping: settings differ from the cluster's", zap.Error(err))
+		n.failErr = err
+		close(n.failed)
+	})
+}
+
 // propose gets a batch committed, retrying a proposal that timed out or was
 // dropped (a retry of a batch already applied is recognised by its id) until
 // the unavailable timeout, or until this node has known no leader for the
@@ -627,7 +684,10 @@ func (g *group) propose(h header, body []byte) bool {
 		if !g.takeOff(n.stop) {
 			return false
 		}
-		h.stamp, h.floor = n.now(), g.floor()
+		h.stamp = n.now()
+		if h.batch != 0 || h.count != 0 { // a notice's floor is its kind
+			h.floor = g.floor()
+		}
 		b := append(appendHeader(make([]byte, 0, 40+len(body)), h), body...)
 		changed := g.leaderChanged()
 		rs, err := n.nh.Propose(g.sess, b, n.opt.ProposeTimeout)
@@ -1569,12 +1629,20 @@ func (n *Node) Close() error {
 	return nil
 }
 
-// Failed is never closed: a node that cannot write its log stops inside
-// Dragonboat, which halts the process.
-func (n *Node) Failed() <-chan struct{} { return nil }
+// Failed is closed when the node finds its settings are not the cluster's
+// (Err says so). A node that cannot write its log stops inside Dragonboat,
+// which halts the process.
+func (n *Node) Failed() <-chan struct{} { return n.failed }
 
-// Err is nil: see Failed.
-func (n *Node) Err() error { return nil }
+// Err is why Failed closed; nil until it has.
+func (n *Node) Err() error {
+	select {
+	case <-n.failed:
+		return n.failErr
+	default:
+		return nil
+	}
+}
 
 // System events (raftio.ISystemEventListener): only connection outcomes are
 // used, to tell whether a peer is worth handing leadership to.

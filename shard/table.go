@@ -567,6 +567,13 @@ func (t *Table) SetLastToken(tok uint64) {
 	}
 }
 
+// SetLimits replaces the table's MaxKeys, MaxWaitersPerKey and MaxWaiters (cluster mode:
+// the limits recorded in the shard's log replace the node's own). Keys and waiters already
+// above a lowered limit stay; only new ones meet it.
+func (t *Table) SetLimits(maxKeys, maxWaitersPerKey, maxWaiters int) {
+	t.cfg.MaxKeys, t.cfg.MaxWaitersPerKey, t.cfg.MaxWaiters = maxKeys, maxWaitersPerKey, maxWaiters
+}
+
 // MaxDeadline is the latest lease deadline ever granted (lease high-water mark).
 func (t *Table) MaxDeadline() int64 { return t.maxDeadline }
 
