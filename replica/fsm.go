@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -314,11 +313,24 @@ func (f *fsm) SaveSnapshot(ctx interface{}, w io.Writer, _ sm.ISnapshotFileColle
 // RecoverFromSnapshot implements sm.IConcurrentStateMachine.
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
 	f.mu.Lock()
+	var before map[uint64]struct{} // this run's batches applied here
+	if p := f.props[f.node]; p != nil && p.inc == f.inc {
+		before = p.seen
+	}
 	err := f.readState(bufio.NewReader(r))
 	if p := f.props[f.node]; err == nil && p != nil && p.inc == f.inc {
-		// Batches of this run that the snapshot applied were never
-		// answered here: a retry of one, refused as a repeat, must say so.
-		f.snapOwn = maps.Clone(p.seen)
+		// Batches of this run that the snapshot applied, and not this
+		// replica before it, were never answered here: a retry of one,
+		// refused as a repeat, must say so.
+		own := make(map[uint64]struct{})
+		for id := range p.seen {
+			_, answered := before[id]
+			_, lost := f.snapOwn[id]
+			if !answered || lost {
+				own[id] = struct{}{}
+			}
+		}
+		f.snapOwn = own
 	}
 	f.t.NewTimers()
 	f.due = math.MaxInt64

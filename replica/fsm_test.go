@@ -368,3 +368,34 @@ func TestFSMAppliesTheFirstSettingsOfItsLog(t *testing.T) {
 		t.Fatal("a snapshot of version 1 did not load as it was")
 	}
 }
+
+// A batch of this run that the replica applied itself, and so answered,
+// before a snapshot replaced its state is not reported unanswered when a
+// retry of it comes; one that only the snapshot applied still is.
+func TestFSMAnsweredBatchIsNotUnansweredAfterASnapshot(t *testing.T) {
+	acq := func(seq uint64, key string) []shard.Command {
+		return []shard.Command{acquire(requesterConn(1, 5), seq, "o", key, 60000, 0)}
+	}
+	b7 := batch{h: header{node: 1, inc: 1, batch: 7, floor: 7, stamp: 1e9}, cmds: acq(1, "k")}
+	b8 := batch{h: header{node: 1, inc: 1, batch: 8, floor: 7, stamp: 1e9}, cmds: acq(2, "j")}
+	leader := newFSM(0, 2, shard.Config{}, nil)
+	update(t, leader, b7, b8)
+	ctx, err := leader.PrepareSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	f.inc = 1
+	update(t, f, b7)
+	if want := []string{"A o k"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("answers %q, want %q", rec.got, want)
+	}
+	if err := f.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := update(t, f, b7, b8), []uint64{resultApplied, resultUnanswered}; !slices.Equal(got, want) {
+		t.Errorf("retries after the snapshot: results %v, want %v", got, want)
+	}
+}
