@@ -195,8 +195,12 @@ type group struct {
 	force bool                // propose even an empty batch (see quorumLoop)
 	// agreed: this node's settings matched the shard's (proposer only).
 	agreed bool
-	kick   chan struct{}
-	slots  chan struct{} // proposals in flight
+	// later holds withdraws until the batches sent before them settle:
+	// a retry of one of those committing after the withdraw would queue an
+	// acquire of a connection that is gone (see withdraw).
+	later []laterCmd
+	kick  chan struct{}
+	slots chan struct{} // proposals in flight
 
 	out netloop.Outbox // deliver's; the shard's apply goroutine only
 
@@ -431,8 +435,67 @@ func (n *Node) Closed(c *netloop.Conn) {
 	cmd := shard.Command{Op: shard.OpWithdraw, From: shard.Requester{Node: n.opt.NodeID, Conn: requesterConn(n.inc, c.ID())}}
 	for i, g := range n.grps {
 		if marks&(1<<(i%64)) != 0 {
-			g.add(&cmd, 0)
+			g.withdraw(&cmd)
 		}
+	}
+}
+
+// laterCmd is an encoded command that waits until every batch with an id
+// below until has settled.
+type laterCmd struct {
+	until uint64
+	cmd   []byte
+}
+
+// withdraw queues a connection's withdraw behind everything the connection
+// sent: in the batch queued now if none is in flight, else once those in
+// flight and the one queued have settled. Batches in flight go out in any
+// order when they are retried (a leader change, the end of a hold).
+func (g *group) withdraw(cmd *shard.Command) {
+	g.mu.Lock()
+	if len(g.open) > 0 {
+		until := g.next
+		if g.pendN > 0 {
+			until++ // what is queued goes out as batch next
+		}
+		g.later = append(g.later, laterCmd{until: until, cmd: appendCommand(nil, cmd)})
+		g.mu.Unlock()
+		return
+	}
+	first := g.pendN == 0
+	g.pend = appendCommand(g.pend, cmd)
+	g.pendN++
+	g.mu.Unlock()
+	if first {
+		g.kickNow()
+	}
+}
+
+// settle ends a batch in flight and queues the withdraws that waited for it.
+func (g *group) settle(id uint64) {
+	g.mu.Lock()
+	delete(g.open, id)
+	low := g.next
+	for id := range g.open {
+		low = min(low, id)
+	}
+	first := g.pendN == 0
+	moved := false
+	keep := g.later[:0]
+	for _, l := range g.later {
+		if l.until <= low {
+			g.pend = append(g.pend, l.cmd...)
+			g.pendN++
+			moved = true
+		} else {
+			keep = append(keep, l)
+		}
+	}
+	clear(g.later[len(keep):])
+	g.later = keep
+	g.mu.Unlock()
+	if moved && first {
+		g.kickNow()
 	}
 }
 
@@ -610,9 +673,7 @@ func (g *group) proposer() {
 				// Settled either way: committed, or given up (its
 				// connections are told E unavailable next, and a copy
 				// that commits later is refused below the floor).
-				g.mu.Lock()
-				delete(g.open, h.batch)
-				g.mu.Unlock()
+				g.settle(h.batch)
 				if !ok {
 					g.n.fail(conns)
 				}
