@@ -651,23 +651,30 @@ func TestClusterRefusesADataDirThatLostItsRaftState(t *testing.T) {
 }
 
 // The limits decide answers in the state machine, so a node restarted with
-// others would replay the log to other outcomes than its peers (and its own
-// clients saw): it is refused.
-func TestClusterRefusesOtherLimitsAtRestart(t *testing.T) {
+// others must not replay the log to other outcomes than its peers (and its
+// own clients saw): it replays it under the limits the log holds, and stops
+// before it takes a request.
+func TestClusterNodeRestartedWithOtherLimitsStops(t *testing.T) {
 	c := newTestCluster(t, 1)
+	a := c.dial(0)
+	for _, k := range []string{"k1", "k2", "k3"} {
+		a.send("A o " + k + " 60000 0")
+		a.expectGrant("o", k)
+	}
 	c.stop(2)
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
-	opt.Logger = zaptest.NewLogger(t)
-	opt.MaxKeys = 1
-	n, err := Start(opt)
-	if err == nil {
-		n.Close()
-		t.Fatal("a node restarted with other limits started")
+	c.opt.MaxKeys = 1
+	c.start(2)
+	select {
+	case <-c.nodes[2].Failed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("a node restarted with other limits did not stop")
 	}
-	if !strings.Contains(err.Error(), "--max-keys") {
-		t.Errorf("refusal %q does not name the limits", err)
+	if err := c.nodes[2].Err(); !strings.Contains(err.Error(), "--max-keys") {
+		t.Errorf("Err() = %q does not name the limits", err)
 	}
-	c.start(2) // with the limits it started with
+	c.checkReplicasAgree() // its replica too: the log replayed alike
+	c.stop(2)
+	c.opt.MaxKeys = 0
+	c.start(2) // with the limits the cluster has
 	c.waitReady()
 }

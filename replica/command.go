@@ -30,8 +30,9 @@ import (
 //
 //	shards maxKeys maxWaiters maxWaitersPerKey
 //
-// and the first one applied becomes the shard's (see fsm.settings). A
-// command is its Op byte, then:
+// and the first one applied becomes the shard's (see fsm.settings).
+// noticeLimits, followed likewise, changes the shard's limits from there on
+// (Node.SetLimits). A command is its Op byte, then:
 //
 //	acquire       conn seq owner key leaseMs waitMs
 //	release       conn seq key token
@@ -48,6 +49,7 @@ const (
 	noticeHandOver = 0
 	noticeDrained  = 1
 	noticeSettings = 2
+	noticeLimits   = 3
 )
 
 // settings are the flags that decide what a shard's replicas answer: the

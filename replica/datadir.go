@@ -32,10 +32,8 @@ type identity struct {
 	// RaftMade: the raft state under raft/ was made (a start got as far
 	// as its node host); from then on a start without it is refused.
 	RaftMade bool `json:"raft_made,omitempty"`
-	// Limits decide answers (B) in the state machine, which every replica
-	// must apply alike, the log replayed at a restart included: they are
-	// fixed at the first start, like the shard count.
-	Limits *limits `json:"limits,omitempty"`
+	// The limits are not here: the shards' logs hold them (see fsm.adopt),
+	// and they may change while the cluster runs.
 }
 
 type limits struct {
@@ -49,7 +47,7 @@ const identityFile = "cluster.json"
 // ErrDataDirInUse is returned when another process holds the data dir.
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
-func openDataDir(path string, node uint32, peers map[uint32]string, set settings) (*dataDir, error) {
+func openDataDir(path string, node uint32, peers map[uint32]string, shards int) (*dataDir, error) {
 	if err := atomicfile.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
@@ -70,7 +68,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, set settings
 		return nil, fmt.Errorf("cannot lock data dir %q: %w", path, err)
 	}
 	d := &dataDir{path: path, lock: lock}
-	id := identity{Node: node, Peers: peers, Shards: set.shards, Limits: &set.limits}
+	id := identity{Node: node, Peers: peers, Shards: shards}
 	b, err := os.ReadFile(filepath.Join(path, identityFile))
 	switch {
 	case err == nil:
@@ -131,10 +129,10 @@ func (d *dataDir) raftMade() error {
 	return nil
 }
 
-// adopt records set as the settings the next start must be given: the
-// cluster's, found to differ from this run's.
-func (d *dataDir) adopt(set settings) error {
-	d.id.Shards, d.id.Limits = set.shards, &set.limits
+// adopt records the cluster's shard count, found to differ from this run's,
+// as the one the next start must be given.
+func (d *dataDir) adopt(shards int) error {
+	d.id.Shards = shards
 	return writeSynced(filepath.Join(d.path, identityFile), &d.id)
 }
 
@@ -144,10 +142,6 @@ func (old *identity) differs(id *identity) string {
 	}
 	if old.Shards != id.Shards {
 		return fmt.Sprintf("a cluster of %d shards (--shards %d given)", old.Shards, id.Shards)
-	}
-	if o, n := old.Limits, id.Limits; o != nil && *o != *n {
-		return fmt.Sprintf("a cluster with --max-keys %d --max-waiters %d --max-waiters-per-key %d (given %d, %d, %d: every node must keep the limits the cluster started with)",
-			o.MaxKeys, o.MaxWaiters, o.MaxWaitersPerKey, n.MaxKeys, n.MaxWaiters, n.MaxWaitersPerKey)
 	}
 	// The peers may differ: a replaced node changes them (README).
 	return ""

@@ -61,8 +61,8 @@ type fsm struct {
 	now   int64                // replicated clock: largest stamp applied (state)
 	props map[uint32]*proposer // per node (state)
 	// set is the shard's settings, from the first notice of them applied
-	// (nil: none yet; the log of an older ticketd), and setBy the node that
-	// sent it (state).
+	// or the last change of limits (nil: none yet; the log of an older
+	// ticketd), and setBy the node that sent them (state).
 	set     *settings
 	setBy   uint32
 	applied uint64         // last applied log index (not state: Dragonboat keeps it)
@@ -126,6 +126,7 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 			f.out.notice(f.idx, h.node, h.floor, h.stamp)
 		}
 	}
+
 	return ents, err
 }
 
@@ -193,12 +194,13 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 		f.t.Apply(f.now, &f.cmd, nil)
 	}
 	if h.batch == 0 && h.count == 0 {
-		if h.floor == noticeSettings {
+		if h.floor == noticeSettings || h.floor == noticeLimits {
 			s := r.settings()
 			if r.err != nil || len(r.b) != 0 {
 				return 0, errEntry
 			}
-			if f.set == nil {
+			// A change of limits cannot change the shard count.
+			if f.set == nil || h.floor == noticeLimits && s.shards == f.set.shards {
 				f.adopt(s, h.node)
 			}
 			return resultApplied, nil

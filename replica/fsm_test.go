@@ -399,3 +399,40 @@ func TestFSMAnsweredBatchIsNotUnansweredAfterASnapshot(t *testing.T) {
 		t.Errorf("retries after the snapshot: results %v, want %v", got, want)
 	}
 }
+
+// A change of limits applies from its place in the log on and stays in
+// snapshots; one that would change the shard count is ignored.
+func TestFSMChangesLimitsWhereTheLogSays(t *testing.T) {
+	enc := func(kind uint64, shards, maxKeys int) sm.Entry {
+		b := appendHeader(nil, header{node: 2, inc: 1, floor: kind, stamp: 1e9})
+		return sm.Entry{Cmd: appendSettings(b, settings{shards: shards, limits: limits{MaxKeys: maxKeys}})}
+	}
+	acq := func(id uint64, key string) sm.Entry {
+		b := batch{h: header{node: 1, inc: 1, batch: id, floor: id, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), id, "o", key, 60000, 0)}}
+		return sm.Entry{Cmd: b.bytes()}
+	}
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	apply := func(es ...sm.Entry) {
+		t.Helper()
+		for i := range es {
+			es[i].Index = f.applied + uint64(i) + 1
+		}
+		if _, err := f.Update(es); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(enc(noticeSettings, 1, 1), acq(1, "a"), acq(2, "b"), enc(noticeLimits, 1, 2), acq(3, "b"), enc(noticeLimits, 2, 9), acq(4, "c"))
+	want := []string{"A o a", "B o b", "A o b", "B o c"}
+	if !slices.Equal(rec.got, want) {
+		t.Fatalf("got %q\nwant %q", rec.got, want)
+	}
+	ctx, _ := f.PrepareSnapshot()
+	g := newFSM(0, 2, shard.Config{}, nil)
+	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if set, by, ok := g.settings(); !ok || by != 2 || set.MaxKeys != 2 {
+		t.Fatalf("restored settings %v from %d (%v)", set, by, ok)
+	}
+}

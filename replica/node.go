@@ -254,7 +254,7 @@ func Start(opt Options) (*Node, error) {
 	}
 	setupLogging(opt.Logger)
 	set := settings{shards: opt.Shards, limits: limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey}}
-	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, set)
+	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards)
 	if err != nil {
 		return nil, err
 	}
@@ -708,18 +708,51 @@ func (g *group) announce() bool {
 }
 
 // mismatch stops the node: its settings are not the cluster's. Its data dir
-// takes the cluster's, so that it starts again with the cluster's flags.
+// takes the cluster's shard count, which a start checks, so that it starts
+// again with the cluster's flags.
 func (n *Node) mismatch(g *group, set settings, by uint32) {
 	n.failOnce.Do(func() {
 		err := fmt.Errorf("this node was started with %s, but the cluster runs with %s (shard %d's log has them from node %d): every node must run with the same, or replicas would answer differently; start this node again with the cluster's",
 			n.set, set, g.idx, by)
-		if werr := n.dir.adopt(set); werr != nil {
-			err = fmt.Errorf("%w (and its data dir could not take them: %v)", err, werr)
+		if werr := n.dir.adopt(set.shards); werr != nil {
+			err = fmt.Errorf("%w (and its data dir could not take the shard count: %v)", err, werr)
 		}
 		n.log.Error("stopping: settings differ from the cluster's", zap.Error(err))
 		n.failErr = err
 		close(n.failed)
 	})
+}
+
+// SetLimits changes the limits of every shard, which every replica applies
+// from the change's place in the shard's log on (keys and waiters above a
+// lowered limit stay). A node started later with the old limits stops (see
+// Node.Failed). An error names the shards not changed (no quorum within the
+// unavailable timeout): run it again, as until it succeeds a node started
+// with either limits stops on the shards that have the others.
+func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPerKey int) error {
+	if maxKeys < 0 || maxWaiters < 0 || maxWaitersPerKey < 0 {
+		return errors.New("replica: limits cannot be negative")
+	}
+	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey}}
+	body := appendSettings(nil, set)
+	ok := make([]bool, len(n.grps))
+	var wg sync.WaitGroup
+	for i, g := range n.grps {
+		wg.Go(func() {
+			ok[i] = ctx.Err() == nil && g.propose(header{node: n.opt.NodeID, inc: n.inc, floor: noticeLimits}, body)
+		})
+	}
+	wg.Wait()
+	var failed []int
+	for i := range ok {
+		if !ok[i] {
+			failed = append(failed, i)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("the limits of shards %v did not change (no quorum?): run it again", failed)
+	}
+	return nil
 }
 
 // propose gets a batch committed, retrying a proposal that timed out or was

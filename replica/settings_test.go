@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -13,7 +14,8 @@ import (
 // are limits (its replicas would answer B where the others grant) or the
 // shard count (it would send a key to another shard than the others do,
 // where a second holder could be granted). Its data dir takes the
-// cluster's settings, and started again with them it joins as any node.
+// cluster's shard count, and started again with the cluster's settings it
+// joins as any node.
 func TestClusterNodeWithOtherSettingsStops(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -57,8 +59,8 @@ func TestClusterNodeWithOtherSettingsStops(t *testing.T) {
 			if rerr != nil || json.Unmarshal(b, &id) != nil {
 				t.Fatalf("reading %s: %v", identityFile, rerr)
 			}
-			if id.Shards != 2 || id.Limits == nil || id.Limits.MaxKeys != 100 {
-				t.Fatalf("the data dir did not take the cluster's settings: %s", b)
+			if id.Shards != 2 {
+				t.Fatalf("the data dir did not take the cluster's shard count: %s", b)
 			}
 
 			c.opt = cluster
@@ -76,5 +78,67 @@ func TestClusterNodeWithOtherSettingsStops(t *testing.T) {
 			}
 			c.checkReplicasAgree()
 		})
+	}
+}
+
+// The limits change while the cluster runs, on every replica at the same
+// place in each shard's log; a node restarted with the old ones then stops,
+// and one with the new works.
+func TestClusterLimitsChangeWhileItRuns(t *testing.T) {
+	c := newTestClusterWith(t, 2, func(o *Options) { o.MaxKeys = 2 })
+	a := c.dial(0)
+	for _, k := range []string{"k1", "k2"} {
+		a.send("A o " + k + " 60000 0")
+		a.expectGrant("o", k)
+	}
+	a.send("A o k3 60000 0")
+	a.expect("B o k3")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.nodes[1].SetLimits(ctx, 4, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	a.send("A o k3 60000 0")
+	a.expectGrant("o", "k3")
+	a.send("A o k4 60000 0")
+	a.expectGrant("o", "k4")
+	a.send("A o k5 60000 0")
+	a.expect("B o k5")
+	c.checkReplicasAgree()
+
+	c.stop(2)
+	c.start(2) // with --max-keys 2
+	select {
+	case <-c.nodes[2].Failed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("a node restarted with the limits from before the change did not stop")
+	}
+	if err := c.nodes[2].Err(); err == nil || !strings.Contains(err.Error(), "--max-keys 4") {
+		t.Fatalf("Err() = %v: does not name the cluster's limits", err)
+	}
+	c.stop(2)
+	c.opt.MaxKeys = 4
+	c.start(2)
+	c.waitReady()
+	r := c.dial(2)
+	r.send("A x k6 60000 0")
+	r.expect("B x k6")
+	r.send("A x k1 60000 0")
+	r.expect("T x k1")
+	if err := c.nodes[2].Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.checkReplicasAgree()
+}
+
+// expectGrant reads a grant of key to owner, whatever its token (tokens
+// count per shard).
+func (l *line) expectGrant(owner, key string) {
+	l.t.Helper()
+	_ = l.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := l.r.ReadString('\n')
+	if f := strings.Fields(got); err != nil || len(f) != 4 || f[0] != "A" || f[2] != owner || f[3] != key {
+		l.t.Fatalf("got %q (%v), want a grant of %s to %s", got, err, key, owner)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -67,6 +68,29 @@ func (a *admin) cluster(n *replica.Node) {
 		}
 		a.log.Warn("node replaced in every shard", zap.Uint64("old", old), zap.Uint64("new", nw), zap.String("addr", q.Get("addr")))
 		_, _ = w.Write([]byte("ok: start the new node with --join\n"))
+	}))
+	// Changing the limits while the cluster runs (README): POST on any live node.
+	a.a.Handle("/cluster/limits", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		const use = "POST /cluster/limits?max_keys=N&max_waiters=N&max_waiters_per_key=N (all three; 0: unlimited)"
+		if r.Method != http.MethodPost {
+			http.Error(w, use, http.StatusMethodNotAllowed)
+			return
+		}
+		var v [3]int
+		for i, name := range []string{"max_keys", "max_waiters", "max_waiters_per_key"} {
+			n, err := strconv.ParseUint(r.URL.Query().Get(name), 10, 63)
+			if err != nil {
+				http.Error(w, use, http.StatusBadRequest)
+				return
+			}
+			v[i] = int(n)
+		}
+		if err := n.SetLimits(r.Context(), v[0], v[1], v[2]); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		a.log.Warn("the cluster's limits changed", zap.Int("max_keys", v[0]), zap.Int("max_waiters", v[1]), zap.Int("max_waiters_per_key", v[2]))
+		_, _ = fmt.Fprintf(w, "ok: give every node --max-keys %d --max-waiters %d --max-waiters-per-key %d at its next start\n", v[0], v[1], v[2])
 	}))
 	a.a.Handle("/debug/cluster", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
