@@ -212,6 +212,9 @@ func (r *reader) settings() settings {
 		}
 		v[i] = int(n)
 	}
+	if v[0] == 0 {
+		r.err = errEntry // no node runs without shards
+	}
 	return settings{shards: v[0], limits: limits{MaxKeys: v[1], MaxWaiters: v[2], MaxWaitersPerKey: v[3]}}
 }
 

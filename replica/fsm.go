@@ -422,6 +422,9 @@ func (f *fsm) readState(r *bufio.Reader) error {
 					err = errSnapshot
 				}
 			}
+			if v[0] == 0 && err == nil {
+				err = errSnapshot // no node runs without shards
+			}
 			set = &settings{shards: int(v[0]), limits: limits{MaxKeys: int(v[1]), MaxWaiters: int(v[2]), MaxWaitersPerKey: int(v[3])}}
 			setBy = uint32(by)
 		}

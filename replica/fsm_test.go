@@ -177,6 +177,18 @@ func TestFSMRejectsAMalformedEntry(t *testing.T) {
 	if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: append([]byte{9}, b[1:]...)}}); err == nil {
 		t.Fatal("unknown version applied")
 	}
+	// Settings: cut, with bytes after them, and with no shards (the
+	// limits per shard would divide by zero).
+	n := appendHeader(nil, header{node: 1, inc: 1, floor: noticeSettings, stamp: 1})
+	good := appendSettings(slices.Clone(n), settings{shards: 2, limits: limits{MaxKeys: 4}})
+	for _, bad := range [][]byte{good[:len(good)-1], append(slices.Clone(good), 0), appendSettings(slices.Clone(n), settings{limits: limits{MaxKeys: 4}})} {
+		if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: bad}}); err == nil {
+			t.Fatalf("settings notice %x applied", bad)
+		}
+	}
+	if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: good}}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // An Update wakes the leader's timer loop only when it sets a timer due
