@@ -739,7 +739,13 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	var wg sync.WaitGroup
 	for i, g := range n.grps {
 		wg.Go(func() {
-			ok[i] = ctx.Err() == nil && g.propose(header{node: n.opt.NodeID, inc: n.inc, floor: noticeLimits}, body)
+			if ctx.Err() != nil || !g.propose(header{node: n.opt.NodeID, inc: n.inc, floor: noticeLimits}, body) {
+				return
+			}
+			// Applied here by now; a shard of another shard count keeps its
+			// own (this node is stopping), and a change after this one wins.
+			got, _, _ := g.fsm.Load().settings()
+			ok[i] = got == set
 		})
 	}
 	wg.Wait()
@@ -750,7 +756,7 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 		}
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("the limits of shards %v did not change (no quorum?): run it again", failed)
+		return fmt.Errorf("the limits of shards %v did not change (no quorum, or changed again meanwhile): run it again", failed)
 	}
 	return nil
 }

@@ -47,6 +47,13 @@ func TestClusterNodeWithOtherSettingsStops(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.flag) || !strings.Contains(err.Error(), "--shards 2 --max-keys 100") {
 				t.Fatalf("Err() = %v: does not name both settings", err)
 			}
+			if tc.name == "shards" {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				if err := n.SetLimits(ctx, 7, 0, 0); err == nil {
+					t.Error("a change of limits for another shard count reported success")
+				}
+				cancel()
+			}
 			// Until the process exits, what it is sent is not carried out.
 			x := c.dial(2)
 			x.send("A y j 60000 0")
