@@ -164,6 +164,7 @@ type Node struct {
 	timerKick   chan struct{} // capacity 1: see timerLoop
 
 	set      settings      // this node's, announced to every shard
+	settled  chan struct{} // closed once shard 0 has agreed: see announce
 	failed   chan struct{} // closed when the node must stop: see mismatch
 	failOnce sync.Once
 	failErr  error // set before failed closes
@@ -262,7 +263,7 @@ func Start(opt Options) (*Node, error) {
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
 		reach: make(map[string]bool), reachSince: make(map[string]time.Time), reconnected: make(map[string]bool),
 		stop: make(chan struct{}), timerKick: make(chan struct{}, 1),
-		set: set, failed: make(chan struct{}),
+		set: set, settled: make(chan struct{}), failed: make(chan struct{}),
 	}
 	for id := range opt.Peers {
 		n.ids = append(n.ids, id)
@@ -688,13 +689,22 @@ func (g *group) proposer() {
 // must not take requests. If the notice cannot commit, or the settings
 // differ, what is queued is answered E unavailable; the next request tries
 // again, unless the node is stopping for a mismatch.
+//
+// Shard 0 is asked first, and decides for the cluster: the other shards
+// get this node's notice only once shard 0 has agreed, so every shard's
+// first settings are shard 0's. Were each shard to take whichever notice
+// reached it first, a new cluster with one node started otherwise would
+// be split between the two settings, and no node could start again.
 func (g *group) announce() bool {
 	n := g.n
 	h := header{node: n.opt.NodeID, inc: n.inc, floor: noticeSettings}
-	if n.Err() == nil && g.propose(h, appendSettings(nil, n.set)) {
+	if n.Err() == nil && g.afterShardZero() && g.propose(h, appendSettings(nil, n.set)) {
 		set, by, ok := g.fsm.Load().settings()
 		if !ok || set == n.set {
 			g.agreed = true
+			if g.idx == 0 {
+				close(n.settled)
+			}
 			return true
 		}
 		n.mismatch(g, set, by)
@@ -704,6 +714,32 @@ func (g *group) announce() bool {
 	g.pend, g.pendN, g.conns = g.pend[:0], 0, nil
 	g.mu.Unlock()
 	n.fail(conns)
+	return false
+}
+
+// afterShardZero waits until shard 0 has agreed with this node's settings
+// (at once for shard 0 itself), asking it to announce them if it has not;
+// false if it has not within the unavailable timeout, or the node stops.
+func (g *group) afterShardZero() bool {
+	n := g.n
+	if g.idx == 0 {
+		return true
+	}
+	select {
+	case <-n.settled:
+		return true
+	default:
+	}
+	n.grps[0].kickNow() // its announce may have failed with nothing queued since
+	t := time.NewTimer(n.opt.UnavailableTimeout)
+	defer t.Stop()
+	select {
+	case <-n.settled:
+		return true
+	case <-t.C:
+	case <-n.failed:
+	case <-n.stop:
+	}
 	return false
 }
 

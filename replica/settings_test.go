@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,4 +149,84 @@ func (l *line) expectGrant(owner, key string) {
 	if f := strings.Fields(got); err != nil || len(f) != 4 || f[0] != "A" || f[2] != owner || f[3] != key {
 		l.t.Fatalf("got %q (%v), want a grant of %s to %s", got, err, key, owner)
 	}
+}
+
+// A new cluster whose nodes start at once, one with other limits, takes one
+// node's settings on every shard, whichever reached it first: decided shard
+// by shard, some shards took the odd node's and the others the rest's,
+// every node then stopped on a shard whose settings were not its own, and
+// no flags could start one again. The nodes that stop name settings every
+// shard has, and started again with them, they serve.
+func TestNewClusterTakesOneSettingsOnEveryShard(t *testing.T) {
+	c := newStoppedCluster(t, 8, func(o *Options) { o.MaxKeys = 800 })
+	c.start(0)
+	c.start(1)
+	cluster := c.opt
+	c.opt.MaxKeys = 8
+	c.start(2)
+	c.opt = cluster
+
+	// Every live replica knows its shard's settings, and at least one node
+	// has stopped.
+	var seen map[settings][]string
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		seen = map[settings][]string{}
+		known, failed := true, 0
+		for i, n := range c.nodes {
+			if n.Err() != nil {
+				failed++
+			}
+			for _, g := range n.grps {
+				f := g.fsm.Load()
+				if f == nil {
+					known = false
+					continue
+				}
+				set, _, ok := f.settings()
+				if !ok {
+					known = false
+					continue
+				}
+				seen[set] = append(seen[set], fmt.Sprintf("n%d/s%d", i+1, g.idx))
+			}
+		}
+		if known && failed > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("within 20s: settings known on every replica %v, nodes stopped %d", known, failed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(seen) != 1 {
+		t.Fatalf("the shards took different settings: %v", seen)
+	}
+	var won settings
+	for s := range seen {
+		won = s
+	}
+	for i, n := range c.nodes {
+		if err := n.Err(); err != nil && !strings.Contains(err.Error(), "the cluster runs with "+won.String()) {
+			t.Fatalf("node %d: %v: does not name %s", i+1, err, won)
+		}
+	}
+	c.opt.MaxKeys = won.MaxKeys
+	for i, n := range c.nodes {
+		if n.Err() != nil {
+			c.stop(i)
+			c.start(i)
+		}
+	}
+	c.waitReady()
+	for i := range c.nodes {
+		x := c.dial(i)
+		key := fmt.Sprintf("k%d", i)
+		x.send("A o " + key + " 60000 0")
+		x.expectGrant("o", key)
+		if err := c.nodes[i].Err(); err != nil {
+			t.Fatalf("node %d, started with the cluster's settings: %v", i+1, err)
+		}
+	}
+	c.checkReplicasAgree()
 }
