@@ -33,7 +33,12 @@ type identity struct {
 	// as its node host); from then on a start without it is refused.
 	RaftMade bool `json:"raft_made,omitempty"`
 	// The limits are not here: the shards' logs hold them (see fsm.adopt),
-	// and they may change while the cluster runs.
+	// and they may change while the cluster runs. Limits, kept as found, are
+	// those an earlier ticketd pinned here at the node's first start: the
+	// entries its logs hold before the first settings notice were applied
+	// under them, so a replay applies them so too (see Start). New data dirs
+	// have none.
+	Limits *limits `json:"limits,omitempty"`
 }
 
 type limits struct {
@@ -90,7 +95,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 				"starting would forget what it acknowledged; bring the node back as a replacement with an empty data dir (README: replacing a node)",
 				path, old.Node)
 		}
-		id.Incarnation, id.RaftMade = old.Incarnation, old.RaftMade
+		id.Incarnation, id.RaftMade, id.Limits = old.Incarnation, old.RaftMade, old.Limits
 	case errors.Is(err, os.ErrNotExist):
 		if _, err := os.Stat(filepath.Join(path, "raft")); err == nil {
 			d.close()

@@ -311,10 +311,19 @@ func Start(opt Options) (*Node, error) {
 		}
 		return initial, false
 	}
+	// The table's limits until the log's first settings notice: only an
+	// earlier ticketd's log has entries that depend on them before one, and
+	// it ran under the limits it pinned in the data dir, not this run's
+	// flags (a node restarted with new ones after a change of limits would
+	// replay those entries otherwise than its peers did).
+	base := set.limits
+	if l := dir.id.Limits; l != nil {
+		base = *l
+	}
 	tcfg := shard.Config{
-		MaxKeys:          perShard(opt.MaxKeys, opt.Shards),
-		MaxWaitersPerKey: opt.MaxWaitersPerKey,
-		MaxWaiters:       perShard(opt.MaxWaiters, opt.Shards),
+		MaxKeys:          perShard(base.MaxKeys, opt.Shards),
+		MaxWaitersPerKey: base.MaxWaitersPerKey,
+		MaxWaiters:       perShard(base.MaxWaiters, opt.Shards),
 	}
 	n.grps = make([]*group, opt.Shards)
 	for i := range n.grps {

@@ -230,3 +230,40 @@ func TestNewClusterTakesOneSettingsOnEveryShard(t *testing.T) {
 	}
 	c.checkReplicasAgree()
 }
+
+// A data dir of an earlier ticketd pinned the limits in cluster.json, and
+// its logs hold entries applied under them before any settings notice: the
+// node replays those under them, whatever its flags (restarted with new
+// limits after a change, it replayed them otherwise than its peers had and
+// granted a held key), and keeps them in cluster.json for later starts.
+func TestEarlierDataDirReplaysUnderItsPinnedLimits(t *testing.T) {
+	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100 })
+	for i, dir := range c.dirs {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		id := identity{Node: uint32(i + 1), Peers: c.peers, Shards: 2, Incarnation: 1, Limits: &limits{MaxKeys: 6, MaxWaiters: 8, MaxWaitersPerKey: 3}}
+		if err := writeSynced(filepath.Join(dir, identityFile), &id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range c.nodes {
+		c.start(i)
+	}
+	c.waitReady()
+	for i, n := range c.nodes {
+		for _, g := range n.grps {
+			if cfg := g.fsm.Load().cfg; cfg.MaxKeys != 3 || cfg.MaxWaiters != 4 || cfg.MaxWaitersPerKey != 3 {
+				t.Fatalf("node %d shard %d replays under %+v, not the pinned limits", i+1, g.idx, cfg)
+			}
+		}
+	}
+	c.stopAll()
+	for _, dir := range c.dirs {
+		b, err := os.ReadFile(filepath.Join(dir, identityFile))
+		var id identity
+		if err != nil || json.Unmarshal(b, &id) != nil || id.Limits == nil || id.Limits.MaxKeys != 6 {
+			t.Fatalf("%s lost the pinned limits: %s %v", identityFile, b, err)
+		}
+	}
+}
