@@ -21,6 +21,10 @@ func TestClusterLimitsChangeOverTheAdminListener(t *testing.T) {
 	if got, code := post(t, "http://"+c.nodes[1].adminAddr()+"/cluster/limits?max_keys=2"); code != http.StatusBadRequest {
 		t.Fatalf("a change naming one limit: %d %q, want 400", code, got)
 	}
+	// No flag can give 0: every node restarted would stop.
+	if got, code := post(t, "http://"+c.nodes[1].adminAddr()+"/cluster/limits?max_keys=0&max_waiters=1000000&max_waiters_per_key=100000"); code != http.StatusBadRequest {
+		t.Fatalf("a change to a limit of 0: %d %q, want 400", code, got)
+	}
 	got, code := post(t, "http://"+c.nodes[1].adminAddr()+"/cluster/limits?max_keys=2&max_waiters=1000000&max_waiters_per_key=100000")
 	if code != http.StatusOK || !strings.HasPrefix(got, "ok") {
 		t.Fatalf("POST /cluster/limits: %d %q", code, got)

@@ -71,7 +71,9 @@ func (a *admin) cluster(n *replica.Node) {
 	}))
 	// Changing the limits while the cluster runs (README): POST on any live node.
 	a.a.Handle("/cluster/limits", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		const use = "POST /cluster/limits?max_keys=N&max_waiters=N&max_waiters_per_key=N (all three; 0: unlimited)"
+		// At least 1, as the flags must be: a limit no flag can give would
+		// stop every node at its next start, leaving none to change it.
+		const use = "POST /cluster/limits?max_keys=N&max_waiters=N&max_waiters_per_key=N (all three, each at least 1, as the flags)"
 		if r.Method != http.MethodPost {
 			http.Error(w, use, http.StatusMethodNotAllowed)
 			return
@@ -79,7 +81,7 @@ func (a *admin) cluster(n *replica.Node) {
 		var v [3]int
 		for i, name := range []string{"max_keys", "max_waiters", "max_waiters_per_key"} {
 			n, err := strconv.ParseUint(r.URL.Query().Get(name), 10, 63)
-			if err != nil {
+			if err != nil || n < 1 {
 				http.Error(w, use, http.StatusBadRequest)
 				return
 			}
