@@ -62,9 +62,14 @@ type fsm struct {
 	props map[uint32]*proposer // per node (state)
 	// set is the shard's settings, from the first notice of them applied
 	// or the last change of limits (nil: none yet; the log of an older
-	// ticketd), and setBy the node that sent them (state).
+	// ticketd), and setBy the node that sent them (state). setAt is the
+	// proposer's stamp on the change of limits they came from (0: none, or
+	// one of a ticketd that did not stamp them) (state): a change stamped
+	// no later is a copy retried after a later change, or was made before
+	// it, and is not applied.
 	set     *settings
 	setBy   uint32
+	setAt   int64
 	applied uint64         // last applied log index (not state: Dragonboat keeps it)
 	refused uint64         // batches refused as stale (not state)
 	ans     []shard.Answer // scratch
@@ -200,8 +205,11 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 				return 0, errEntry
 			}
 			// A change of limits cannot change the shard count.
-			if f.set == nil || h.floor == noticeLimits && s.shards == f.set.shards {
+			if f.set == nil || h.floor == noticeLimits && s.shards == f.set.shards && (h.stamp == 0 || h.stamp > f.setAt) {
 				f.adopt(s, h.node)
+				if h.floor == noticeLimits {
+					f.setAt = h.stamp
+				}
 			}
 			return resultApplied, nil
 		}
@@ -256,12 +264,19 @@ func (f *fsm) adopt(s settings, by uint32) {
 // settings returns the shard's settings and the node that sent them; false
 // if none was applied yet.
 func (f *fsm) settings() (settings, uint32, bool) {
+	s, by, _, ok := f.settingsAt()
+	return s, by, ok
+}
+
+// settingsAt is settings with the stamp of the change of limits they came
+// from (0: none).
+func (f *fsm) settingsAt() (settings, uint32, int64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.set == nil {
-		return settings{}, 0, false
+		return settings{}, 0, 0, false
 	}
-	return *f.set, f.setBy, true
+	return *f.set, f.setBy, f.setAt, true
 }
 
 // keep copies the answers addressed to this node (their slices point into the
@@ -346,17 +361,18 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan str
 // Close implements sm.IConcurrentStateMachine.
 func (f *fsm) Close() error { return nil }
 
-// Replica snapshot, version 2, uvarints unless said otherwise:
+// Replica snapshot, version 3, uvarints unless said otherwise:
 //
 //	"TKRS" version(1 byte) now(varint)
-//	setBy (0: no settings), then if not 0: shards maxKeys maxWaiters maxWaitersPerKey
+//	setBy (0: no settings), then if not 0: shards maxKeys maxWaiters maxWaitersPerKey setAt(varint)
 //	nodeCount, per node ascending: node incarnation floor idCount id* (ascending)
 //	the table's own snapshot (shard.WriteSnapshot, with its checksum)
 //
-// Version 1, without the settings line, still loads.
+// Version 2, without setAt, and version 1, without the settings line, still
+// load.
 const (
 	replMagic   = "TKRS"
-	replVersion = 2
+	replVersion = 3
 )
 
 func (f *fsm) writeState(w io.Writer) error {
@@ -367,6 +383,7 @@ func (f *fsm) writeState(w io.Writer) error {
 	} else {
 		b = binary.AppendUvarint(b, uint64(f.setBy))
 		b = appendSettings(b, *f.set)
+		b = binary.AppendVarint(b, f.setAt)
 	}
 	nodes := make([]uint32, 0, len(f.props))
 	for n := range f.props {
@@ -414,6 +431,7 @@ func (f *fsm) readState(r *bufio.Reader) error {
 	now, err := binary.ReadVarint(r)
 	var set *settings
 	var setBy uint32
+	var setAt int64
 	if magic[4] >= 2 {
 		if by := uv(); by != 0 {
 			v := [4]uint64{uv(), uv(), uv(), uv()}
@@ -427,6 +445,9 @@ func (f *fsm) readState(r *bufio.Reader) error {
 			}
 			set = &settings{shards: int(v[0]), limits: limits{MaxKeys: int(v[1]), MaxWaiters: int(v[2]), MaxWaitersPerKey: int(v[3])}}
 			setBy = uint32(by)
+			if magic[4] >= 3 && err == nil {
+				setAt, err = binary.ReadVarint(r)
+			}
 		}
 	}
 	props := make(map[uint32]*proposer)
@@ -445,7 +466,7 @@ func (f *fsm) readState(r *bufio.Reader) error {
 	if err := t.ReadSnapshot(r); err != nil {
 		return err
 	}
-	f.t, f.now, f.props, f.set = t, now, props, nil
+	f.t, f.now, f.props, f.set, f.setAt = t, now, props, nil, setAt
 	if set != nil {
 		f.adopt(*set, setBy)
 	}

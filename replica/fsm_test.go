@@ -448,3 +448,47 @@ func TestFSMChangesLimitsWhereTheLogSays(t *testing.T) {
 		t.Fatalf("restored settings %v from %d (%v)", set, by, ok)
 	}
 }
+
+// A change of limits stamped no later than the one the shard has is a copy
+// retried after a later change (or made before it): it does not undo the
+// later one, also after a snapshot.
+func TestFSMRetriedLimitsChangeDoesNotUndoALaterOne(t *testing.T) {
+	enc := func(kind uint64, stamp int64, maxKeys int) sm.Entry {
+		b := appendHeader(nil, header{node: 2, inc: 1, floor: kind, stamp: stamp})
+		return sm.Entry{Cmd: appendSettings(b, settings{shards: 1, limits: limits{MaxKeys: maxKeys}})}
+	}
+	update := func(f *fsm, es ...sm.Entry) {
+		t.Helper()
+		for i := range es {
+			es[i].Index = f.applied + uint64(i) + 1
+		}
+		if _, err := f.Update(es); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit := func(f *fsm) int {
+		set, _, ok := f.settings()
+		if !ok {
+			t.Fatal("no settings")
+		}
+		return set.MaxKeys
+	}
+	f := newFSM(0, 1, shard.Config{}, &recorder{})
+	update(f, enc(noticeSettings, 1e9, 1), enc(noticeLimits, 3e9, 5), enc(noticeLimits, 2e9, 2), enc(noticeLimits, 3e9, 2))
+	if got := limit(f); got != 5 {
+		t.Fatalf("max keys %d after a retried earlier change, want 5", got)
+	}
+	ctx, _ := f.PrepareSnapshot()
+	g := newFSM(0, 2, shard.Config{}, nil)
+	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	update(g, enc(noticeLimits, 2.5e9, 2))
+	if got := limit(g); got != 5 {
+		t.Fatalf("restored from a snapshot: max keys %d after an earlier change, want 5", got)
+	}
+	update(g, enc(noticeLimits, 4e9, 7))
+	if got := limit(g); got != 7 {
+		t.Fatalf("max keys %d after a later change, want 7", got)
+	}
+}

@@ -163,7 +163,9 @@ type Node struct {
 	wg          sync.WaitGroup
 	timerKick   chan struct{} // capacity 1: see timerLoop
 
-	set      settings      // this node's, announced to every shard
+	setMu    sync.Mutex
+	set      settings      // this node's, announced to every shard (under setMu)
+	started  int64         // n.now() at Start: see announce
 	settled  chan struct{} // closed once shard 0 has agreed: see announce
 	failed   chan struct{} // closed when the node must stop: see mismatch
 	failOnce sync.Once
@@ -265,6 +267,7 @@ func Start(opt Options) (*Node, error) {
 		stop: make(chan struct{}), timerKick: make(chan struct{}, 1),
 		set: set, settled: make(chan struct{}), failed: make(chan struct{}),
 	}
+	n.started = n.now()
 	for id := range opt.Peers {
 		n.ids = append(n.ids, id)
 	}
@@ -704,12 +707,21 @@ func (g *group) proposer() {
 // first settings are shard 0's. Were each shard to take whichever notice
 // reached it first, a new cluster with one node started otherwise would
 // be split between the two settings, and no node could start again.
+//
+// Limits changed while this node runs (POST /cluster/limits) are this
+// node's from then on, whether or not its notice had committed yet: it was
+// started with the cluster's limits of its time. A change stamped by a
+// clock behind this node's can look older than its start; the node then
+// stops as one started with old limits, which costs it, never safety.
 func (g *group) announce() bool {
 	n := g.n
 	h := header{node: n.opt.NodeID, inc: n.inc, floor: noticeSettings}
-	if n.Err() == nil && g.afterShardZero() && g.propose(h, appendSettings(nil, n.set)) {
-		set, by, ok := g.fsm.Load().settings()
-		if !ok || set == n.set {
+	if n.Err() == nil && g.afterShardZero() && g.propose(h, appendSettings(nil, n.settings())) {
+		set, by, at, ok := g.fsm.Load().settingsAt()
+		if ok && set.shards == n.opt.Shards && at > n.started {
+			n.takeLimits(set.limits, g.idx, by)
+		}
+		if mine := n.settings(); !ok || set == mine {
 			g.agreed = true
 			if g.idx == 0 {
 				close(n.settled)
@@ -752,13 +764,32 @@ func (g *group) afterShardZero() bool {
 	return false
 }
 
+// settings returns this node's settings.
+func (n *Node) settings() settings {
+	n.setMu.Lock()
+	defer n.setMu.Unlock()
+	return n.set
+}
+
+// takeLimits makes l this node's limits: a change made while it runs.
+func (n *Node) takeLimits(l limits, shard int, by uint32) {
+	n.setMu.Lock()
+	old := n.set.limits
+	n.set.limits = l
+	n.setMu.Unlock()
+	if old != l {
+		n.log.Info("running with the limits changed since this node started (give it them as flags at its next start)",
+			zap.Int("shard", shard), zap.Uint32("changed_by", by), zap.Stringer("settings", settings{shards: n.opt.Shards, limits: l}))
+	}
+}
+
 // mismatch stops the node: its settings are not the cluster's. Its data dir
 // takes the cluster's shard count, which a start checks, so that it starts
 // again with the cluster's flags.
 func (n *Node) mismatch(g *group, set settings, by uint32) {
 	n.failOnce.Do(func() {
 		err := fmt.Errorf("this node was started with %s, but the cluster runs with %s (shard %d's log has them from node %d): every node must run with the same, or replicas would answer differently; start this node again with the cluster's",
-			n.set, set, g.idx, by)
+			n.settings(), set, g.idx, by)
 		if werr := n.dir.adopt(set.shards); werr != nil {
 			err = fmt.Errorf("%w (and its data dir could not take the shard count: %v)", err, werr)
 		}
@@ -780,11 +811,13 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	}
 	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey}}
 	body := appendSettings(nil, set)
+	stamp := n.now()
 	ok := make([]bool, len(n.grps))
 	var wg sync.WaitGroup
 	for i, g := range n.grps {
 		wg.Go(func() {
-			if ctx.Err() != nil || !g.propose(header{node: n.opt.NodeID, inc: n.inc, floor: noticeLimits}, body) {
+			// Stamped: a copy retried after a later change must not undo it.
+			if ctx.Err() != nil || !g.propose(header{node: n.opt.NodeID, inc: n.inc, floor: noticeLimits, stamp: stamp}, body) {
 				return
 			}
 			// Applied here by now; a shard of another shard count keeps its

@@ -267,3 +267,36 @@ func TestEarlierDataDirReplaysUnderItsPinnedLimits(t *testing.T) {
 		}
 	}
 }
+
+// A node whose settings notice had not committed when the limits changed
+// (started before a quorum was up, and asked nothing since) takes the new
+// limits: it was started with the cluster's of its time, and stopping it
+// for a change made while it ran would leave the cluster without it.
+func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
+	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
+	c.start(0)
+	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
+	for _, g := range c.nodes[0].grps {
+		if g.agreed {
+			t.Fatalf("shard %d agreed without a quorum", g.idx)
+		}
+	}
+	c.start(1)
+	c.start(2)
+	c.waitReady()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.nodes[1].SetLimits(ctx, 50, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	a := c.dial(0)
+	a.send("A o k 60000 0")
+	a.expectGrant("o", "k")
+	if err := c.nodes[0].Err(); err != nil {
+		t.Fatalf("a node running during a change of limits stopped: %v", err)
+	}
+	if got := c.nodes[0].settings().MaxKeys; got != 50 {
+		t.Fatalf("the node runs with --max-keys %d, not the cluster's 50", got)
+	}
+	c.checkReplicasAgree()
+}
