@@ -809,6 +809,9 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	if maxKeys < 0 || maxWaiters < 0 || maxWaitersPerKey < 0 {
 		return errors.New("replica: limits cannot be negative")
 	}
+	if err := n.Err(); err != nil {
+		return fmt.Errorf("this node is stopping: %w", err)
+	}
 	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey}}
 	body := appendSettings(nil, set)
 	stamp := n.now()
