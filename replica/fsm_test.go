@@ -492,3 +492,23 @@ func TestFSMRetriedLimitsChangeDoesNotUndoALaterOne(t *testing.T) {
 		t.Fatalf("max keys %d after a later change, want 7", got)
 	}
 }
+
+// Every attempt to propose an entry is stamped anew, but for a change of
+// limits: its retried copies keep the stamp it was made with.
+func TestRestampKeepsAChangeOfLimitsStamp(t *testing.T) {
+	for _, tc := range []struct {
+		h    header
+		want int64
+	}{
+		{header{floor: noticeLimits, stamp: 5}, 5},
+		{header{floor: noticeLimits}, 9},
+		{header{floor: noticeSettings, stamp: 5}, 9},
+		{header{batch: 3, floor: noticeLimits, count: 1, stamp: 5}, 9},
+	} {
+		h := tc.h
+		h.restamp(9)
+		if h.stamp != tc.want {
+			t.Errorf("%+v: stamp %d, want %d", tc.h, h.stamp, tc.want)
+		}
+	}
+}

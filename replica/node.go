@@ -842,6 +842,15 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	return nil
 }
 
+// restamp stamps h for an attempt to propose it with now, but for a change
+// of limits, which keeps the stamp it was made with: a copy retried after
+// a later change must look older than it (see fsm.setAt).
+func (h *header) restamp(now int64) {
+	if h.batch != 0 || h.count != 0 || h.floor != noticeLimits || h.stamp == 0 {
+		h.stamp = now
+	}
+}
+
 // propose gets a batch committed, retrying a proposal that timed out or was
 // dropped (a retry of a batch already applied is recognised by its id) until
 // the unavailable timeout, or until this node has known no leader for the
@@ -865,7 +874,7 @@ func (g *group) propose(h header, body []byte) bool {
 		if !g.takeOff(n.stop) {
 			return false
 		}
-		h.stamp = n.now()
+		h.restamp(n.now())
 		if h.batch != 0 || h.count != 0 { // a notice's floor is its kind
 			h.floor = g.floor()
 		}
