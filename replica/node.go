@@ -739,11 +739,16 @@ func (g *group) announce() bool {
 }
 
 // afterShardZero waits until shard 0 has agreed with this node's settings
-// (at once for shard 0 itself), asking it to announce them if it has not;
-// false if it has not within the unavailable timeout, or the node stops.
+// (at once for shard 0 itself, and for a shard that has settings already:
+// this node's notice cannot decide them, and a restart need not wait for
+// shard 0), asking it to announce them if it has not; false if it has not
+// within the unavailable timeout, or the node stops.
 func (g *group) afterShardZero() bool {
 	n := g.n
 	if g.idx == 0 {
+		return true
+	}
+	if _, _, ok := g.fsm.Load().settings(); ok {
 		return true
 	}
 	select {
