@@ -1812,9 +1812,18 @@ func (n *Node) idle() bool {
 	return true
 }
 
-// Close stops the node at once (start-up failures, tests).
+// Close stops the node at once (start-up failures, tests), but for handing
+// over the shards it leads when it stops for its settings (see Failed).
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
+		if n.Err() != nil {
+			// It can lead shards it won before its notice to shard 0
+			// committed; gone without a word, they would wait an election
+			// timeout for a leader.
+			ctx, cancel := context.WithTimeout(context.Background(), n.transferTime())
+			n.handOver(ctx)
+			cancel()
+		}
 		n.closing.Store(true)
 		close(n.stop)
 		n.wg.Wait()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -313,4 +314,40 @@ func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
 		t.Fatalf("the node runs with --max-keys %d, not the cluster's 50", got)
 	}
 	c.checkReplicasAgree()
+}
+
+// A node that stops for its settings hands over the shards it leads, as a
+// clean stop does, instead of leaving them an election timeout (2s here)
+// without a leader.
+func TestNodeStoppingForItsSettingsHandsLeadershipOver(t *testing.T) {
+	const shards = 6
+	c := newTestClusterWith(t, shards, func(o *Options) { o.ElectionRTT = 200 })
+	deadline := time.Now().Add(20 * time.Second)
+	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leadership not spread: %v", c.leads())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n := c.nodes[0]
+	n.mismatch(n.grps[0], settings{shards: shards, limits: limits{MaxKeys: 1}}, 2)
+	// As ticketd's abort does: no more requests, then close.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.srvs[0].StopAccepting()
+	n.Quiesce()
+	_ = c.srvs[0].Stop(ctx)
+	_ = n.Close()
+	c.nodes[0], c.srvs[0] = nil, nil
+	for _, sh := range []int{0, 3} {
+		led := false
+		for wait := time.Now().Add(500 * time.Millisecond); !led && time.Now().Before(wait); time.Sleep(time.Millisecond) {
+			for _, m := range c.nodes {
+				led = led || m != nil && m.grps[sh].leader.Load() == uint64(m.opt.NodeID)
+			}
+		}
+		if !led {
+			t.Errorf("shard %d: no leader among the nodes left within 500ms of the stopping node's close", sh)
+		}
+	}
 }
