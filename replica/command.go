@@ -81,6 +81,10 @@ type header struct {
 	count uint64
 }
 
+// notice tells an entry of the hand-over and settings protocol (no batch,
+// no commands), whose floor is its kind, from a batch.
+func (h *header) notice() bool { return h.batch == 0 && h.count == 0 }
+
 func appendHeader(b []byte, h header) []byte {
 	b = append(b, entryVersion)
 	b = binary.AppendUvarint(b, uint64(h.node))

@@ -198,7 +198,7 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 		f.cmd = shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: h.node, Conn: requesterConn(h.inc, 0)}}
 		f.t.Apply(f.now, &f.cmd, nil)
 	}
-	if h.batch == 0 && h.count == 0 {
+	if h.notice() {
 		if h.floor == noticeSettings || h.floor == noticeLimits {
 			s := r.settings()
 			if r.err != nil || len(r.b) != 0 {

@@ -851,7 +851,7 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 // of limits, which keeps the stamp it was made with: a copy retried after
 // a later change must look older than it (see fsm.setAt).
 func (h *header) restamp(now int64) {
-	if h.batch != 0 || h.count != 0 || h.floor != noticeLimits || h.stamp == 0 {
+	if !h.notice() || h.floor != noticeLimits || h.stamp == 0 {
 		h.stamp = now
 	}
 }
@@ -880,7 +880,7 @@ func (g *group) propose(h header, body []byte) bool {
 			return false
 		}
 		h.restamp(n.now())
-		if h.batch != 0 || h.count != 0 { // a notice's floor is its kind
+		if !h.notice() { // a notice's floor is its kind
 			h.floor = g.floor()
 		}
 		b := append(appendHeader(make([]byte, 0, 40+len(body)), h), body...)
