@@ -756,17 +756,31 @@ func (g *group) afterShardZero() bool {
 		return true
 	default:
 	}
-	n.grps[0].kickNow() // its announce may have failed with nothing queued since
+	// Shard 0's announce may have given up (no leader known yet, as on a
+	// node started before its peers) with nothing queued there since: ask
+	// again at once, at each of its leader changes, and every leaderless
+	// timeout, or this shard's requests wait out the unavailable timeout.
+	z := n.grps[0]
 	t := time.NewTimer(n.opt.UnavailableTimeout)
 	defer t.Stop()
-	select {
-	case <-n.settled:
-		return true
-	case <-t.C:
-	case <-n.failed:
-	case <-n.stop:
+	again := time.NewTicker(n.opt.LeaderlessTimeout)
+	defer again.Stop()
+	for {
+		changed := z.leaderChanged()
+		z.kickNow()
+		select {
+		case <-n.settled:
+			return true
+		case <-changed:
+		case <-again.C:
+		case <-t.C:
+			return false
+		case <-n.failed:
+			return false
+		case <-n.stop:
+			return false
+		}
 	}
-	return false
 }
 
 // settings returns this node's settings.

@@ -351,3 +351,45 @@ func TestNodeStoppingForItsSettingsHandsLeadershipOver(t *testing.T) {
 		}
 	}
 }
+
+// A node started before its peers: its notice to shard 0 gives up (no
+// leader), and a request on another shard waits for shard 0's agreement.
+// Once the peers are up, shard 0 is asked again and the request is carried
+// out, instead of waiting out the unavailable timeout (30s here) for an
+// E unavailable.
+func TestRequestOnAnotherShardWaitsForShardZerosSecondNotice(t *testing.T) {
+	c := newStoppedCluster(t, 2, func(o *Options) {
+		o.UnavailableTimeout = 30 * time.Second
+		o.LeaderlessTimeout = 300 * time.Millisecond
+	})
+	c.start(0)
+	key := "k"
+	for i := 0; c.nodes[0].shardOf([]byte(key)) == 0; i++ {
+		key = fmt.Sprintf("k%d", i)
+	}
+	a := c.dial(0)
+	a.send("A o " + key + " 60000 0")
+	time.Sleep(1500 * time.Millisecond) // shard 0's notice gives up: no quorum
+	if c.nodes[0].grps[0].agreed {
+		t.Fatal("shard 0 agreed without a quorum")
+	}
+	c.start(1)
+	c.start(2)
+	// The shard's own leader may come after shard 0's: its proposal can
+	// then give up too (E unavailable, connection closed). Ask again once
+	// the node knows every shard's leader.
+	for attempt := 1; ; attempt++ {
+		_ = a.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := a.r.ReadString('\n')
+		if f := strings.Fields(got); err == nil && len(f) == 4 && f[0] == "A" && f[2] == "o" && f[3] == key {
+			break
+		}
+		if !strings.HasPrefix(got, "E unavailable") || attempt == 5 {
+			t.Fatalf("attempt %d: got %q (%v), want a grant of %s to o", attempt, got, err, key)
+		}
+		c.waitReady()
+		a = c.dial(0)
+		a.send("A o " + key + " 60000 0")
+	}
+	c.checkReplicasAgree()
+}
