@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -255,6 +256,7 @@ func Start(opt Options) (*Node, error) {
 	if err := opt.validate(); err != nil {
 		return nil, err
 	}
+	opt.Peers = maps.Clone(opt.Peers) // read for the node's life: the caller may reuse its map
 	setupLogging(opt.Logger)
 	set := settings{shards: opt.Shards, limits: limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey}}
 	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards)
