@@ -96,6 +96,14 @@ type ScaleRow struct {
 	Active    *Row // the active clients' run; nil if the step did not run
 }
 
+// IdleRound is one run of the active clients with Idle idle connections
+// held and one without, back to back.
+type IdleRound struct {
+	Idle          int
+	WithFirst     bool
+	With, Without *Row
+}
+
 // PerConn is the server's resident memory per idle connection.
 func (s ScaleRow) PerConn() float64 {
 	if s.Idle == 0 {
@@ -124,6 +132,7 @@ type Report struct {
 	ServerFDLimit int64
 	Rows          []Row
 	Scale         []ScaleRow
+	IdleRounds    []IdleRound `json:",omitempty"`
 	Targets       []Target
 	Skipped       []string
 	Errors        []string
@@ -234,6 +243,7 @@ func (r *Report) evaluate() {
 			fmt.Sprintf("%s with %s idle vs %s: %.2fx", fmtDur(top.Active.P99), commas(int64(top.Idle)), fmtDur(base.Active.P99), ratio),
 			verdict(ratio <= 1.5)})
 	}
+	r.evaluateIdleRounds(skip)
 	var cont *Row
 	for i := range r.Rows {
 		if r.Rows[i].Scenario == ScenarioContended {
@@ -468,6 +478,56 @@ func (r *Report) mdScale(w func(string, ...any)) {
 		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", commas(int64(s.Wanted)), commas(int64(s.Idle)),
 			rss, per, human(a.PairsPerSec), fmtDur(a.P50), fmtDur(a.P99), fmtDur(a.P999), vs, a.cpu(), s.Note)
 	}
+	r.mdIdleRounds(w)
+}
+
+// evaluateIdleRounds adds the p99 target of the interleaved rounds.
+func (r *Report) evaluateIdleRounds(skip func(name, why string)) {
+	const name = "idle connections: active p99 within 1.5x of no idle, medians of the interleaved rounds"
+	if len(r.IdleRounds) == 0 {
+		if r.plan.IdleRounds > 0 {
+			skip(name, "the interleaved rounds did not run")
+		}
+		return
+	}
+	with, without := r.idleRoundP99s()
+	mw, mo := medianOf(with), medianOf(without)
+	ratio := float64(mw) / float64(mo)
+	r.Targets = append(r.Targets, Target{name,
+		fmt.Sprintf("%s with %s idle vs %s (medians of %d rounds): %.2fx", fmtDur(mw), commas(int64(r.IdleRounds[0].Idle)),
+			fmtDur(mo), len(r.IdleRounds), ratio),
+		verdict(ratio <= 1.5)})
+}
+
+func (r *Report) idleRoundP99s() (with, without []time.Duration) {
+	for _, x := range r.IdleRounds {
+		with = append(with, x.With.P99)
+		without = append(without, x.Without.P99)
+	}
+	return with, without
+}
+
+func (r *Report) mdIdleRounds(w func(string, ...any)) {
+	if len(r.IdleRounds) == 0 {
+		return
+	}
+	w("\nInterleaved rounds at %s idle: the active load without them and with them, back to back, "+
+		"each round starting in the state the last one ended in (the idle connections closed or opened "+
+		"again between the two runs of a round). The target compares the medians.\n\n", commas(int64(r.IdleRounds[0].Idle)))
+	w("| round | first | p99 with idle | p99 without | ratio | p99.9 with / without | pairs/s with / without |\n")
+	w("|---:|---|---:|---:|---:|---:|---:|\n")
+	for i, x := range r.IdleRounds {
+		first := "without"
+		if x.WithFirst {
+			first = "with"
+		}
+		w("| %d | %s | %s | %s | %s | %s / %s | %s / %s |\n", i+1, first, fmtDur(x.With.P99), fmtDur(x.Without.P99),
+			ratio(float64(x.With.P99), float64(x.Without.P99)), fmtDur(x.With.P999), fmtDur(x.Without.P999),
+			human(x.With.PairsPerSec), human(x.Without.PairsPerSec))
+	}
+	with, without := r.idleRoundP99s()
+	w("| median | | %s | %s | %s | | |\n", fmtDur(medianOf(with)), fmtDur(medianOf(without)),
+		ratio(float64(medianOf(with)), float64(medianOf(without))))
 }
 
 func (r *Report) has(sc Scenario) bool {

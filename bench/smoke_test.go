@@ -90,7 +90,15 @@ func TestSmokeSuite(t *testing.T) {
 	if rep.Scale[1].RSSAfter <= 0 || rep.ServerFDLimit <= 0 {
 		t.Errorf("no memory or limit read: %+v, limit %d", rep.Scale[1], rep.ServerFDLimit)
 	}
-	if len(rep.Targets) != 7 {
+	if len(rep.IdleRounds) != p.IdleRounds {
+		t.Errorf("%d interleaved idle rounds, want %d", len(rep.IdleRounds), p.IdleRounds)
+	}
+	for i, x := range rep.IdleRounds {
+		if x.With == nil || x.Without == nil || x.With.P99 <= 0 || x.Without.P99 <= 0 || x.Idle != p.Idle[0] || x.WithFirst != (i%2 == 0) {
+			t.Errorf("idle round %d: %+v", i+1, x)
+		}
+	}
+	if len(rep.Targets) != 8 {
 		t.Errorf("%d targets", len(rep.Targets))
 	}
 	for _, f := range []string{"bench-smoke.md", "bench-smoke.png", "bench-smoke.json"} {

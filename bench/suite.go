@@ -37,6 +37,9 @@ type Plan struct {
 	Idle          []int   // idle connections wanted, in steps
 	ScaleDuration time.Duration
 	PerProc       int // idle connections per hold process
+	// IdleRounds: runs of the active load with the most idle connections
+	// and without, back to back, for the p99 target (0: none).
+	IdleRounds int
 
 	// 4. cluster (0 nodes: not run)
 	ClusterNodes    int
@@ -69,7 +72,7 @@ func FullPlan() Plan {
 		OpenFractions: []float64{0.25, 0.5, 0.75}, OpenDuration: 5 * time.Second,
 		Waiters: 5000, ContendedKeys: 100, ContendedDuration: 15 * time.Second,
 		Active: 1000, ActiveRate: 10_000, Idle: []int{10_000, 50_000, 100_000},
-		ScaleDuration: 8 * time.Second, PerProc: 10_000,
+		ScaleDuration: 8 * time.Second, PerProc: 10_000, IdleRounds: 4,
 		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16, 64},
 		ClusterDuration: 8 * time.Second, EtcdDuration: 8 * time.Second,
 		FailoverDuration: 10 * time.Second, FailoverKillAfter: 4 * time.Second, FailoverDepth: 16,
@@ -84,7 +87,7 @@ func QuickPlan() Plan {
 		OpenFractions: []float64{0.5}, OpenDuration: time.Second,
 		Waiters: 1000, ContendedKeys: 100, ContendedDuration: 2 * time.Second,
 		Active: 200, ActiveRate: 4_000, Idle: []int{5_000},
-		ScaleDuration: 1500 * time.Millisecond, PerProc: 10_000,
+		ScaleDuration: 1500 * time.Millisecond, PerProc: 10_000, IdleRounds: 2,
 		ClusterNodes: 3, ClusterShards: 16, ClusterConns: 50, ClusterDepths: []int{1, 16},
 		ClusterDuration: time.Second, EtcdDuration: 2 * time.Second,
 		FailoverDuration: 4 * time.Second, FailoverKillAfter: 1500 * time.Millisecond, FailoverDepth: 16,
@@ -99,7 +102,7 @@ func SmokePlan() Plan {
 		OpenFractions: []float64{0.3}, OpenDuration: 200 * time.Millisecond,
 		Waiters: 40, ContendedKeys: 4, ContendedDuration: 300 * time.Millisecond,
 		Active: 10, ActiveRate: 500, Idle: []int{200},
-		ScaleDuration: 200 * time.Millisecond, PerProc: 150,
+		ScaleDuration: 200 * time.Millisecond, PerProc: 150, IdleRounds: 2,
 	}
 }
 
@@ -442,6 +445,55 @@ func (s *suite) scale(ctx context.Context) (err error) {
 			return err
 		}
 		s.rep.Scale = append(s.rep.Scale, row)
+	}
+	return s.idleRounds(ctx, srv, active, &h)
+}
+
+// idleRounds runs the active load with and without the idle connections h
+// holds, back to back, IdleRounds times. One run of each, a minute apart,
+// is at the mercy of a shared machine's slow spells: a step's p99 has
+// moved 0.4x to 2.9x between runs of the same binary. Each round runs in
+// the state the last one ended in, then in the other (with, without;
+// without, with; ...), so neither side always runs first.
+func (s *suite) idleRounds(ctx context.Context, srv *Proc, active Load, h *Holders) error {
+	p := s.plan
+	n := h.Conns
+	if p.IdleRounds == 0 || n == 0 {
+		return nil
+	}
+	held, procs := true, (n+p.PerProc-1)/p.PerProc
+	for r := range p.IdleRounds {
+		var round IdleRound
+		round.Idle, round.WithFirst = n, held
+		for range 2 {
+			l := active
+			if held {
+				l.Label = fmt.Sprintf("scale, round %d of %d: %d active, %s idle", r+1, p.IdleRounds, p.Active, commas(int64(n)))
+			} else {
+				l.Label = fmt.Sprintf("scale, round %d of %d: %d active, no idle", r+1, p.IdleRounds, p.Active)
+			}
+			row, err := s.run(ctx, ScenarioScale, srv, l)
+			if err != nil {
+				return err
+			}
+			if held {
+				round.With = row
+			} else {
+				round.Without = row
+			}
+			if round.With != nil && round.Without != nil {
+				break
+			}
+			if held {
+				h.Stop()
+			} else if err := h.Add(s.env.Self, s.env.SelfEnv, srv.Addr, n, p.PerProc, 2+procs*(r+1), true); err != nil {
+				// Fresh source addresses: the last round's are in TIME_WAIT.
+				return err
+			}
+			held = !held
+			time.Sleep(500 * time.Millisecond) // let the server settle, as for the steps
+		}
+		s.rep.IdleRounds = append(s.rep.IdleRounds, round)
 	}
 	return nil
 }
