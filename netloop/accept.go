@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -119,6 +120,10 @@ func (r *registry) get(id uint64) *Conn {
 	return c
 }
 
+// each calls fn for every connection, from a background goroutine. It
+// yields between registry shards: with one P (single mode's default) a walk
+// over tens of thousands of connections would otherwise hold the P from
+// the event loop for milliseconds at a time.
 func (r *registry) each(fn func(*Conn)) {
 	for i := range r.shards {
 		sh := &r.shards[i]
@@ -127,5 +132,6 @@ func (r *registry) each(fn func(*Conn)) {
 			fn(c)
 		}
 		sh.mu.RUnlock()
+		runtime.Gosched()
 	}
 }

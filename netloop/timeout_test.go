@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -210,5 +211,37 @@ func TestTimeoutsDoNotAllocate(t *testing.T) {
 	t.Logf("%.4f allocations per request", perReq)
 	if perReq > 0.01 {
 		t.Fatalf("%.4f allocations per request, want 0", perReq)
+	}
+}
+
+// The timeout sweep walks every connection from its own goroutine; with one
+// P it must let the event loop run while it walks, not hold the P for the
+// whole registry (milliseconds at tens of thousands of connections).
+func TestRegistryWalkYieldsToOtherGoroutines(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var r registry
+	r.init()
+	for id := range uint64(640) {
+		r.put(&Conn{id: id})
+	}
+	var ran atomic.Bool
+	ready := make(chan struct{})
+	go func() {
+		<-ready
+		ran.Store(true)
+	}()
+	close(ready) // runnable, but the P is ours until we yield
+	walked, sawRun := 0, false
+	r.each(func(*Conn) {
+		walked++
+		if walked == 640 {
+			sawRun = ran.Load()
+		}
+	})
+	if walked != 640 {
+		t.Fatalf("walked %d connections, want 640", walked)
+	}
+	if !sawRun {
+		t.Fatal("a runnable goroutine did not run during the walk")
 	}
 }
