@@ -753,11 +753,6 @@ func (g *group) afterShardZero() bool {
 	if _, _, ok := g.fsm.Load().settings(); ok {
 		return true
 	}
-	select {
-	case <-n.settled:
-		return true
-	default:
-	}
 	// Shard 0's announce may have given up (no leader known yet, as on a
 	// node started before its peers) with nothing queued there since: ask
 	// again at once, at each of its leader changes, and every leaderless
