@@ -463,35 +463,33 @@ func (s *suite) idleRounds(ctx context.Context, srv *Proc, active Load, h *Holde
 	}
 	held, procs := true, (n+p.PerProc-1)/p.PerProc
 	for r := range p.IdleRounds {
-		var round IdleRound
-		round.Idle, round.WithFirst = n, held
-		for range 2 {
+		round := IdleRound{Idle: n, WithFirst: held}
+		measure := func() error {
 			l := active
+			l.Label = fmt.Sprintf("scale, round %d of %d: %d active, no idle", r+1, p.IdleRounds, p.Active)
 			if held {
 				l.Label = fmt.Sprintf("scale, round %d of %d: %d active, %s idle", r+1, p.IdleRounds, p.Active, commas(int64(n)))
-			} else {
-				l.Label = fmt.Sprintf("scale, round %d of %d: %d active, no idle", r+1, p.IdleRounds, p.Active)
 			}
 			row, err := s.run(ctx, ScenarioScale, srv, l)
-			if err != nil {
-				return err
-			}
 			if held {
 				round.With = row
 			} else {
 				round.Without = row
 			}
-			if round.With != nil && round.Without != nil {
-				break
-			}
-			if held {
-				h.Stop()
-			} else if err := h.Add(s.env.Self, s.env.SelfEnv, srv.Addr, n, p.PerProc, 2+procs*(r+1), true); err != nil {
-				// Fresh source addresses: the last round's are in TIME_WAIT.
-				return err
-			}
-			held = !held
-			time.Sleep(500 * time.Millisecond) // let the server settle, as for the steps
+			return err
+		}
+		if err := measure(); err != nil {
+			return err
+		}
+		if held {
+			h.Stop()
+		} else if err := h.Add(s.env.Self, s.env.SelfEnv, srv.Addr, n, p.PerProc, 2+procs*(r+1), true); err != nil {
+			return err // fresh source addresses: the last round's are in TIME_WAIT
+		}
+		held = !held
+		time.Sleep(500 * time.Millisecond) // let the server settle, as for the steps
+		if err := measure(); err != nil {
+			return err
 		}
 		s.rep.IdleRounds = append(s.rep.IdleRounds, round)
 	}
