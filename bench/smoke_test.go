@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -93,12 +94,15 @@ func TestSmokeSuite(t *testing.T) {
 	if len(rep.IdleRounds) != p.IdleRounds {
 		t.Errorf("%d interleaved idle rounds, want %d", len(rep.IdleRounds), p.IdleRounds)
 	}
+	st := IdleAtTicketd // the steps leave the idle connections open
 	for i, x := range rep.IdleRounds {
-		if x.With == nil || x.Without == nil || x.With.P99 <= 0 || x.Without.P99 <= 0 || x.Idle != p.Idle[0] || x.WithFirst != (i%2 == 0) {
+		if x.With == nil || x.Without == nil || x.Elsewhere == nil || x.With.P99 <= 0 || x.Without.P99 <= 0 ||
+			x.Elsewhere.P99 <= 0 || x.Idle != p.Idle[0] || !slices.Equal(x.Order, idleOrder(st)) {
 			t.Errorf("idle round %d: %+v", i+1, x)
 		}
+		st = x.Order[len(x.Order)-1]
 	}
-	if len(rep.Targets) != 8 {
+	if len(rep.Targets) != 9 {
 		t.Errorf("%d targets", len(rep.Targets))
 	}
 	for _, f := range []string{"bench-smoke.md", "bench-smoke.png", "bench-smoke.json"} {

@@ -449,49 +449,71 @@ func (s *suite) scale(ctx context.Context) (err error) {
 	return s.idleRounds(ctx, srv, active, &h)
 }
 
-// idleRounds runs the active load with and without the idle connections h
-// holds, back to back, IdleRounds times. One run of each, a minute apart,
-// is at the mercy of a shared machine's slow spells: a step's p99 has
-// moved 0.4x to 2.9x between runs of the same binary. Each round runs in
-// the state the last one ended in, then in the other (with, without;
-// without, with; ...), so neither side always runs first.
+// idleRounds runs the active load in three states, IdleRounds times: no
+// idle connections, h's n idle connections held against ticketd, and the
+// same n held against another server (an echo process) instead. The third
+// is the control: it puts the machine's own cost of holding n more sockets
+// (kernel memory, their timers, the holders) beside ticketd's, which
+// ticketd cannot remove. One run of each, a minute apart, is at the mercy
+// of a shared machine's slow spells: a step's p99 has moved 0.4x to 2.9x
+// between runs of the same binary. So each round runs the three back to
+// back, starting in the state the last one ended in, and the order turns
+// from round to round so that no state always runs first or last.
 func (s *suite) idleRounds(ctx context.Context, srv *Proc, active Load, h *Holders) error {
 	p := s.plan
 	n := h.Conns
 	if p.IdleRounds == 0 || n == 0 {
 		return nil
 	}
-	held, procs := true, (n+p.PerProc-1)/p.PerProc
+	other, err := StartEcho(s.env.Echo, nil, nil)
+	if err != nil {
+		return fmt.Errorf("control server: %w", err)
+	}
+	defer other.Stop()
+	// Fresh source addresses for every opening: the last one's are in TIME_WAIT.
+	state, source := IdleAtTicketd, 2+(n+p.PerProc-1)/p.PerProc
+	enter := func(to IdleState) error {
+		h.Stop()
+		state = to
+		if to == IdleNone {
+			return nil
+		}
+		addr, touch := srv.Addr, true
+		if to == IdleElsewhere {
+			addr, touch = other.Addr, false // the echo has no lock pair to touch
+		}
+		first := source
+		source += (n + p.PerProc - 1) / p.PerProc
+		return h.Add(s.env.Self, s.env.SelfEnv, addr, n, p.PerProc, first, touch)
+	}
 	for r := range p.IdleRounds {
-		round := IdleRound{Idle: n, WithFirst: held}
-		measure := func() error {
+		round := IdleRound{Idle: n}
+		for _, st := range idleOrder(state) {
+			if st != state {
+				if err := enter(st); err != nil {
+					return err
+				}
+				time.Sleep(500 * time.Millisecond) // let the server settle, as for the steps
+			}
 			l := active
-			l.Label = fmt.Sprintf("scale, round %d of %d: %d active, no idle", r+1, p.IdleRounds, p.Active)
-			if held {
-				l.Label = fmt.Sprintf("scale, round %d of %d: %d active, %s idle", r+1, p.IdleRounds, p.Active, commas(int64(n)))
-			}
+			l.Label = fmt.Sprintf("scale, round %d of %d: %d active, %s", r+1, p.IdleRounds, p.Active, st.label(n))
 			row, err := s.run(ctx, ScenarioScale, srv, l)
-			if held {
-				round.With = row
-			} else {
-				round.Without = row
+			if err != nil {
+				return err
 			}
-			return err
-		}
-		if err := measure(); err != nil {
-			return err
-		}
-		if held {
-			h.Stop()
-		} else if err := h.Add(s.env.Self, s.env.SelfEnv, srv.Addr, n, p.PerProc, 2+procs*(r+1), true); err != nil {
-			return err // fresh source addresses: the last round's are in TIME_WAIT
-		}
-		held = !held
-		time.Sleep(500 * time.Millisecond) // let the server settle, as for the steps
-		if err := measure(); err != nil {
-			return err
+			round.Order = append(round.Order, st)
+			*round.row(st) = row
 		}
 		s.rep.IdleRounds = append(s.rep.IdleRounds, round)
 	}
 	return nil
+}
+
+// idleOrder is a round's order of the three states, starting in from. A
+// round starts in the state the last one ended in, so over three rounds
+// each state takes each place (at ticketd, none, elsewhere; elsewhere, at
+// ticketd, none; none, elsewhere, at ticketd).
+func idleOrder(from IdleState) []IdleState {
+	next := map[IdleState]IdleState{IdleAtTicketd: IdleNone, IdleNone: IdleElsewhere, IdleElsewhere: IdleAtTicketd}
+	return []IdleState{from, next[from], next[next[from]]}
 }
