@@ -221,13 +221,27 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 		spreadName  = "steady: ticketd depth-64 spread over fresh runs < 15% of the median, or no more than the echo ceiling's"
 		tradeName   = "loops: ticketd's default keeps >= 90% of one loop per core's pairs/s at depth 64"
 		ceilingName = "steady: ticketd's default depth-64 pairs/s >= 60% of the echo ceiling's, medians of the interleaved rounds"
+		tailName    = "steady: ticketd's default depth-1 p99 <= Redis p99, medians of the interleaved rounds"
 	)
 	sr := r.Steady
 	if sr == nil || len(sr.Runs) == 0 {
+		skip(tailName, "the steady scenario did not run")
 		skip(spreadName, "the steady scenario did not run")
 		skip(tradeName, "the steady scenario did not run")
 		skip(ceilingName, "the steady scenario did not run")
 		return
+	}
+	// The uncontended section's depth-1 p99 is one run of each system, and
+	// a tail is what a slow spell moves most; here both run seconds apart
+	// in every round.
+	if def, ok := sr.roleStat(RoleDefault, 1); !ok {
+		skip(tailName, "ticketd did not run at depth 1")
+	} else if peer, ok := sr.roleStat(RolePeer, 1); !ok {
+		skip(tailName, "Redis did not run ("+RedisInstall+" if it is missing)")
+	} else {
+		r.Targets = append(r.Targets, Target{tailName,
+			fmt.Sprintf("%s vs %s (medians of %d rounds)", fmtDur(def.P99), fmtDur(peer.P99), def.Runs),
+			verdict(def.P99 <= peer.P99)})
 	}
 	deep := slices.Max(r.plan.SteadyDepths)
 	def, ok1 := sr.roleStat(RoleDefault, deep)
