@@ -13,7 +13,7 @@ import (
 func TestMayHandBack(t *testing.T) {
 	const addr = "127.0.0.1:7002"
 	n := &Node{reach: map[string]bool{}, reachSince: map[string]time.Time{}, reconnected: map[string]bool{}}
-	n.opt.Peers = map[uint32]string{1: "127.0.0.1:7001", 2: addr}
+	n.members.Store(newMemberSet(map[uint32]string{1: "127.0.0.1:7001", 2: addr}))
 	g := &group{}
 	t0 := time.Unix(1_000_000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }

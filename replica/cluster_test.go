@@ -429,7 +429,7 @@ func TestClusterLaggingNodeCatchesUpFromSnapshot(t *testing.T) {
 }
 
 func TestClusterReplacesALostNode(t *testing.T) {
-	c := newTestCluster(t, 2)
+	c := newTestCluster(t, 3) // shard 2 prefers the third node: 3, then 4
 	a := c.dial(0)
 	a.send("A h k 600000 0")
 	a.expect("A 1 h k")
@@ -446,6 +446,23 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	c.dirs[2] = t.TempDir()
 	c.startAs(2, 4, true)
 	c.waitReady()
+	// The nodes that kept running spread leadership over the new members
+	// without a restart: shard 2 goes to node 4.
+	deadline := time.Now().Add(15 * time.Second)
+	for i := range c.nodes {
+		for !slices.Equal(c.nodes[i].members.Load().ids, []uint32{1, 2, 4}) {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d spreads leadership over %v", c.nodes[i].opt.NodeID, c.nodes[i].members.Load().ids)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for c.leads()[2] != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("shard 2 is led from slot %d, not by node 4", c.leads()[2])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	// Node 4 serves the lock held before, and the cluster survives losing
 	// node 1 now: 2 and 4 are a majority of the new membership.
 	x := c.dial(2)

@@ -143,14 +143,19 @@ func perShard(total, shards int) int {
 // Node is cluster mode's netloop.Backend: one Dragonboat NodeHost with a
 // replica of every shard.
 type Node struct {
-	opt  Options
-	log  *zap.Logger
-	nh   *dragonboat.NodeHost
-	dir  *dataDir
-	inc  uint64
-	ids  []uint32 // every node id, ascending
-	grps []*group
-	srv  atomic.Pointer[netloop.Server]
+	opt Options
+	log *zap.Logger
+	nh  *dragonboat.NodeHost
+	dir *dataDir
+	inc uint64
+	// members: the cluster's nodes, for spreading leadership. From --peers
+	// at start; then from the shards' membership whenever every shard
+	// here agrees on it, so that a node replaced (Replace) leaves and its
+	// replacement joins the preferences of nodes that keep running.
+	members        atomic.Pointer[memberSet]
+	membersChanged chan struct{}
+	grps           []*group
+	srv            atomic.Pointer[netloop.Server]
 
 	mu         sync.Mutex
 	reach      map[string]bool      // raft address -> last connection attempt worked
@@ -270,10 +275,8 @@ func Start(opt Options) (*Node, error) {
 		set: set, settled: make(chan struct{}), failed: make(chan struct{}),
 	}
 	n.started = n.now()
-	for id := range opt.Peers {
-		n.ids = append(n.ids, id)
-	}
-	slices.Sort(n.ids)
+	n.members.Store(newMemberSet(opt.Peers))
+	n.membersChanged = make(chan struct{}, 1)
 
 	tuneDragonboat()
 	eng := config.GetDefaultEngineConfig()
@@ -378,6 +381,7 @@ func (n *Node) Attach(srv *netloop.Server) {
 	n.wg.Add(3)
 	go n.timerLoop()
 	go n.balanceLoop()
+	go n.membersLoop()
 	go n.quorumLoop()
 }
 
@@ -1161,11 +1165,78 @@ func (n *Node) balanceLoop() {
 	})
 }
 
+// memberSet is the cluster's nodes: ids ascending, and their raft addresses.
+type memberSet struct {
+	ids   []uint32
+	addrs map[uint32]string
+}
+
+func newMemberSet(addrs map[uint32]string) *memberSet {
+	m := &memberSet{addrs: addrs}
+	for id := range addrs {
+		m.ids = append(m.ids, id)
+	}
+	slices.Sort(m.ids)
+	return m
+}
+
+// membersLoop takes the shards' membership as the cluster's after each
+// change applied here (MembershipChanged runs on Dragonboat's event
+// goroutine, which must not wait on the NodeHost). Checked once a second
+// too: a change can be applied while an event is queued, and a node that
+// restarts replays its changes before the loop runs.
+func (n *Node) membersLoop() {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		n.refreshMembers()
+		select {
+		case <-n.stop:
+			return
+		case <-n.membersChanged:
+		case <-tick.C:
+		}
+	}
+}
+
+// refreshMembers sets members to the voting members of the shards if every
+// shard here has the same ones. While a Replace is part-way through, the
+// shards differ and the last agreed set stays: every node then keeps the
+// same preferences until all shards have the change.
+func (n *Node) refreshMembers() {
+	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+	if info == nil || len(info.ShardInfoList) != len(n.grps) {
+		return // closed, or a shard not started yet
+	}
+	var agreed map[uint64]string
+	for _, si := range info.ShardInfoList {
+		if si.Pending || len(si.Replicas) == 0 {
+			return
+		}
+		if agreed == nil {
+			agreed = si.Replicas
+		} else if !maps.Equal(agreed, si.Replicas) {
+			return
+		}
+	}
+	addrs := make(map[uint32]string, len(agreed))
+	for id, addr := range agreed {
+		addrs[uint32(id)] = addr
+	}
+	if maps.Equal(addrs, n.members.Load().addrs) {
+		return
+	}
+	m := newMemberSet(addrs)
+	n.members.Store(m)
+	n.log.Info("cluster members changed: leadership is spread over them now", zap.Any("nodes", m.ids))
+}
+
 // reachable tells whether id's raft connection is up.
 func (n *Node) reachable(id uint32) bool {
+	addr := n.members.Load().addrs[id]
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.reach[n.opt.Peers[id]]
+	return n.reach[addr]
 }
 
 // mayHandBack tells whether this node, leading g, may hand it to its
@@ -1173,7 +1244,7 @@ func (n *Node) reachable(id uint32) bool {
 // handBackSettle if it came up again after failing, and want did not hand
 // g over on its way out since (unless handBackAfter has passed).
 func (n *Node) mayHandBack(g *group, want uint32, now time.Time) bool {
-	addr := n.opt.Peers[want]
+	addr := n.members.Load().addrs[want]
 	handed := g.handedAt.Load()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -1567,7 +1638,8 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 	self := uint64(n.opt.NodeID)
 	until = minTime(until, time.Now().Add(n.quiesceTime()))
 	var others []uint32
-	for _, id := range n.ids {
+	ids := n.members.Load().ids
+	for _, id := range ids {
 		if id != n.opt.NodeID && n.reachable(id) {
 			others = append(others, id)
 		}
@@ -1580,7 +1652,7 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			drained := make(chan uint32, 2*len(n.ids))
+			drained := make(chan uint32, 2*len(ids))
 			g.drained.Store(&drained)
 			defer g.drained.Store(nil)
 			if !g.notify(noticeHandOver, stop, until) {
@@ -1770,28 +1842,32 @@ func deadline(ctx context.Context, d time.Time) time.Time {
 
 // preferred is the node that g's leadership belongs on: shard i on the
 // i-th node mod their count, so that it is spread.
-func (n *Node) preferred(g *group) uint32 { return n.ids[g.idx%len(n.ids)] }
+func (n *Node) preferred(g *group) uint32 {
+	ids := n.members.Load().ids
+	return ids[g.idx%len(ids)]
+}
 
 // successor is the node to hand g's leadership to: the shard's preferred
 // node if that is another one and reachable; else one of the others that
 // is, taken in turn over this node's shards so that they spread; 0 if none
 // is reachable.
 func (n *Node) successor(g *group) uint32 {
+	m := n.members.Load()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	nodes := len(n.ids)
-	if want := n.preferred(g); want != n.opt.NodeID && n.reach[n.opt.Peers[want]] {
+	nodes := len(m.ids)
+	if want := m.ids[g.idx%nodes]; want != n.opt.NodeID && n.reach[m.addrs[want]] {
 		return want
 	}
 	others := make([]uint32, 0, nodes)
-	for _, id := range n.ids {
+	for _, id := range m.ids {
 		if id != n.opt.NodeID {
 			others = append(others, id)
 		}
 	}
 	for k := range others {
 		id := others[(g.idx/nodes+k)%len(others)]
-		if n.reach[n.opt.Peers[id]] {
+		if n.reach[m.addrs[id]] {
 			return id
 		}
 	}
@@ -1872,11 +1948,16 @@ func (n *Node) setReach(addr string, ok bool) {
 	n.reach[addr] = ok
 	n.mu.Unlock()
 }
-func (n *Node) NodeHostShuttingDown()                     {}
-func (n *Node) NodeUnloaded(raftio.NodeInfo)              {}
-func (n *Node) NodeDeleted(raftio.NodeInfo)               {}
-func (n *Node) NodeReady(raftio.NodeInfo)                 {}
-func (n *Node) MembershipChanged(raftio.NodeInfo)         {}
+func (n *Node) NodeHostShuttingDown()        {}
+func (n *Node) NodeUnloaded(raftio.NodeInfo) {}
+func (n *Node) NodeDeleted(raftio.NodeInfo)  {}
+func (n *Node) NodeReady(raftio.NodeInfo)    {}
+func (n *Node) MembershipChanged(raftio.NodeInfo) {
+	select {
+	case n.membersChanged <- struct{}{}:
+	default:
+	}
+}
 func (n *Node) SendSnapshotStarted(raftio.SnapshotInfo)   {}
 func (n *Node) SendSnapshotCompleted(raftio.SnapshotInfo) {}
 func (n *Node) SendSnapshotAborted(raftio.SnapshotInfo)   {}

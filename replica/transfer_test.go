@@ -185,7 +185,8 @@ func TestClusterHandOverUnderLoadWithinElectionTimeout(t *testing.T) {
 func TestHandOverNoticeHoldsProposals(t *testing.T) {
 	clock := time.Now().UnixNano()
 	n := &Node{opt: Options{NodeID: 1, RTT: 10 * time.Millisecond, ElectionRTT: 20, MaxClockSkew: time.Second,
-		Clock: func() int64 { return clock }}, ids: []uint32{1, 2, 3}, log: zap.NewNop(), stop: make(chan struct{})}
+		Clock: func() int64 { return clock }}, log: zap.NewNop(), stop: make(chan struct{})}
+	n.members.Store(newMemberSet(map[uint32]string{1: "a", 2: "b", 3: "c"}))
 	g := &group{n: n}
 	n.grps = []*group{g}
 	g.leader.Store(1)
