@@ -475,6 +475,18 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	y.expect("R 1 k")
 }
 
+// A replace asked of a node that has stopped is refused, not a panic.
+func TestReplaceOnAStoppedNodeFails(t *testing.T) {
+	c := newTestCluster(t, 1)
+	n := c.nodes[0]
+	c.stop(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.Replace(ctx, 3, 4, freePort(t)); err == nil {
+		t.Fatal("a stopped node replaced a member")
+	}
+}
+
 // leads waits until every shard has a leader that knows it leads, and
 // returns, per shard, the slot of that node.
 func (c *testCluster) leads() []int {

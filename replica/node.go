@@ -1372,7 +1372,11 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64]string) bool, change func(context.Context) error) error {
 	var last error
 	for {
-		for _, si := range n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true}).ShardInfoList {
+		info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+		if info == nil {
+			return errors.New("the node is stopping")
+		}
+		for _, si := range info.ShardInfoList {
 			if si.ShardID == g.id && done(si.Replicas) {
 				return nil
 			}
