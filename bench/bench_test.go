@@ -332,6 +332,11 @@ func sampleReport() *Report {
 	steady(RoleDefault, 64, 1_000_000, 1_100_000, 1_200_000)
 	steady(RoleDefault, 1, 40_000, 41_000, 42_000)
 	steady(RolePeer, 1, 30_000, 31_000, 32_000)
+	for i := range r.Steady.Runs { // Redis's tail a little longer than ticketd's 1.1ms
+		if x := &r.Steady.Runs[i]; x.Setup == "Redis" {
+			x.P99 += 200 * time.Microsecond
+		}
+	}
 	steady(RolePerCore, 64, 1_250_000, 1_300_000, 1_200_000)
 	steady(RoleEchoOne, 64, 2_000_000, 2_500_000, 2_300_000)
 	steady(RoleCeiling, 64, 2_300_000, 2_400_000, 2_350_000)
@@ -354,7 +359,7 @@ func TestTargets(t *testing.T) {
 		"steady: ticketd depth-64 spread over fresh runs < 15% of the median, or no more than the echo ceiling's":                          "PASS", // 18% vs 22%
 		"loops: ticketd's default keeps >= 90% of one loop per core's pairs/s at depth 64":                                                 "MISS", // 88%
 		"steady: ticketd's default depth-64 pairs/s >= 60% of the echo ceiling's, medians of the interleaved rounds":                       "MISS", // 47%
-		"steady: ticketd's default depth-1 p99 <= Redis p99, medians of the interleaved rounds":                                            "PASS", // 1.1ms each
+		"steady: ticketd's default depth-1 p99 <= Redis p99, medians of the interleaved rounds":                                            "PASS", // 1.1 vs 1.3ms
 	}
 	if len(r.Targets) != len(want) {
 		t.Fatalf("%d targets, want %d: %+v", len(r.Targets), len(want), r.Targets)
@@ -366,6 +371,19 @@ func TestTargets(t *testing.T) {
 	}
 	if r.Passed() {
 		t.Error("Passed with a MISS")
+	}
+
+	// Redis's depth-1 tail shorter than ticketd's in the steady rounds.
+	for i := range r.Steady.Runs {
+		if x := &r.Steady.Runs[i]; x.Setup == "Redis" {
+			x.P99 -= 400 * time.Microsecond
+		}
+	}
+	r.evaluate()
+	for _, tg := range r.Targets {
+		if strings.HasPrefix(tg.Name, "steady: ticketd's default depth-1 p99") && tg.Verdict != "MISS" {
+			t.Errorf("%s: %s (%s), want MISS", tg.Name, tg.Verdict, tg.Got)
+		}
 	}
 
 	// Without Redis the Redis targets are skipped with the install command.
@@ -410,6 +428,7 @@ func TestIdleRoundTargets(t *testing.T) {
 		{"the machine's cost", [3]float64{4, 3.5, 5}, [3]float64{2, 2.5, 2}, [3]float64{3.6, 3.4, 4.5}, "MISS", "PASS"},
 		{"ticketd's cost", [3]float64{4, 3.5, 5}, [3]float64{2, 2.5, 2}, [3]float64{2.2, 2, 2.6}, "MISS", "MISS"},
 		{"no cost", [3]float64{2.1, 2.6, 1.9}, [3]float64{2, 2.5, 2}, [3]float64{2.2, 2, 2.6}, "PASS", "PASS"},
+		{"ticketd's cost on a machine without one", [3]float64{3, 3, 3}, [3]float64{2.5, 2.5, 2.5}, [3]float64{1.8, 1.8, 1.8}, "PASS", "MISS"},
 	} {
 		r := &Report{}
 		for i, st := range []IdleState{IdleAtTicketd, IdleElsewhere, IdleNone} {

@@ -531,13 +531,13 @@ func (r *Report) evaluateIdleRounds(skip func(name, why string)) {
 	mw, mo, me := medianOf(with), medianOf(without), medianOf(elsewhere)
 	idle := commas(int64(r.IdleRounds[0].Idle))
 	r.Targets = append(r.Targets, Target{name,
-		fmt.Sprintf("%s with %s idle vs %s (medians of %d rounds): %.2fx", fmtDur(mw), idle,
-			fmtDur(mo), len(r.IdleRounds), float64(mw)/float64(mo)),
-		verdict(float64(mw) <= 1.5*float64(mo))})
+		fmt.Sprintf("%s with %s idle vs %s (medians of %d rounds): %s", fmtDur(mw), idle,
+			fmtDur(mo), len(r.IdleRounds), ratio(float64(mw), float64(mo))),
+		verdict(mo > 0 && float64(mw) <= 1.5*float64(mo))})
 	r.Targets = append(r.Targets, Target{own,
-		fmt.Sprintf("%s with %s idle at ticketd vs %s with them held elsewhere: %.2fx (the machine's own cost: %s vs %s, %.2fx)",
-			fmtDur(mw), idle, fmtDur(me), float64(mw)/float64(me), fmtDur(me), fmtDur(mo), float64(me)/float64(mo)),
-		verdict(float64(mw) <= 1.5*float64(me))})
+		fmt.Sprintf("%s with %s idle at ticketd vs %s with them held elsewhere: %s (the machine's own cost: %s vs %s, %s)",
+			fmtDur(mw), idle, fmtDur(me), ratio(float64(mw), float64(me)), fmtDur(me), fmtDur(mo), ratio(float64(me), float64(mo))),
+		verdict(me > 0 && float64(mw) <= 1.5*float64(me))})
 }
 
 func (r *Report) idleRoundP99s() (with, without, elsewhere []time.Duration) {

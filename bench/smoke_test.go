@@ -99,6 +99,9 @@ func TestSmokeSuite(t *testing.T) {
 		if x.With == nil || x.Without == nil || x.Elsewhere == nil || x.With.P99 <= 0 || x.Without.P99 <= 0 ||
 			x.Elsewhere.P99 <= 0 || x.Idle != p.Idle[0] || !slices.Equal(x.Order, idleOrder(st)) {
 			t.Errorf("idle round %d: %+v", i+1, x)
+		} else if !strings.HasSuffix(x.Without.Label, "no idle") || !strings.HasSuffix(x.With.Label, " idle") ||
+			!strings.HasSuffix(x.Elsewhere.Label, "held against another server") {
+			t.Errorf("idle round %d: runs filed under the wrong states: %q, %q, %q", i+1, x.Without.Label, x.With.Label, x.Elsewhere.Label)
 		}
 		st = x.Order[len(x.Order)-1]
 	}

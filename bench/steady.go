@@ -231,16 +231,16 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 		skip(ceilingName, "the steady scenario did not run")
 		return
 	}
-	// The uncontended section's depth-1 p99 is one run of each system, and
-	// a tail is what a slow spell moves most; here both run seconds apart
-	// in every round.
+	// The uncontended section's depth-1 p99 is one run of each system,
+	// minutes apart, and a tail is what a slow spell moves most; here both
+	// run in every round, under a minute apart.
 	if def, ok := sr.roleStat(RoleDefault, 1); !ok {
 		skip(tailName, "ticketd did not run at depth 1")
 	} else if peer, ok := sr.roleStat(RolePeer, 1); !ok {
 		skip(tailName, "Redis did not run ("+RedisInstall+" if it is missing)")
 	} else {
 		r.Targets = append(r.Targets, Target{tailName,
-			fmt.Sprintf("%s vs %s (medians of %d rounds)", fmtDur(def.P99), fmtDur(peer.P99), def.Runs),
+			fmt.Sprintf("%s vs %s (medians of %d rounds)", fmtDur(def.P99), fmtDur(peer.P99), min(def.Runs, peer.Runs)),
 			verdict(def.P99 <= peer.P99)})
 	}
 	deep := slices.Max(r.plan.SteadyDepths)

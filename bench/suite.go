@@ -459,19 +459,25 @@ func (s *suite) scale(ctx context.Context) (err error) {
 // between runs of the same binary. So each round runs the three back to
 // back, starting in the state the last one ended in, and the order turns
 // from round to round so that no state always runs first or last.
-func (s *suite) idleRounds(ctx context.Context, srv *Proc, active Load, h *Holders) error {
+func (s *suite) idleRounds(ctx context.Context, srv *Proc, active Load, h *Holders) (err error) {
 	p := s.plan
 	n := h.Conns
 	if p.IdleRounds == 0 || n == 0 {
 		return nil
 	}
+	// Fresh source addresses for every opening: the last one's are in
+	// TIME_WAIT. The steps' holders have 127.0.0.2 up to before source;
+	// a round opens them at most twice.
+	procs := (n + p.PerProc - 1) / p.PerProc
+	state, source := IdleAtTicketd, 2+len(h.procs)
+	if last := source + 2*p.IdleRounds*procs - 1; last > 254 {
+		return fmt.Errorf("%d rounds of %d idle connections need source addresses up to 127.0.0.%d", p.IdleRounds, n, last)
+	}
 	other, err := StartEcho(s.env.Echo, nil, nil)
 	if err != nil {
 		return fmt.Errorf("control server: %w", err)
 	}
-	defer other.Stop()
-	// Fresh source addresses for every opening: the last one's are in TIME_WAIT.
-	state, source := IdleAtTicketd, 2+(n+p.PerProc-1)/p.PerProc
+	defer stopInto(&err, other) // an error if it died: the control would have held nothing
 	enter := func(to IdleState) error {
 		h.Stop()
 		state = to
@@ -483,7 +489,7 @@ func (s *suite) idleRounds(ctx context.Context, srv *Proc, active Load, h *Holde
 			addr, touch = other.Addr, false // the echo has no lock pair to touch
 		}
 		first := source
-		source += (n + p.PerProc - 1) / p.PerProc
+		source += procs
 		return h.Add(s.env.Self, s.env.SelfEnv, addr, n, p.PerProc, first, touch)
 	}
 	for r := range p.IdleRounds {
@@ -500,6 +506,9 @@ func (s *suite) idleRounds(ctx context.Context, srv *Proc, active Load, h *Holde
 			row, err := s.run(ctx, ScenarioScale, srv, l)
 			if err != nil {
 				return err
+			}
+			if st == IdleElsewhere && other.Exited() {
+				return fmt.Errorf("the control server exited, so its run held no idle connections:\n%s", other.Log())
 			}
 			round.Order = append(round.Order, st)
 			*round.row(st) = row
