@@ -378,7 +378,7 @@ func (n *Node) Attach(srv *netloop.Server) {
 		go g.proposer()
 		g.kickNow()
 	}
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.timerLoop()
 	go n.balanceLoop()
 	go n.membersLoop()
@@ -1186,6 +1186,7 @@ func newMemberSet(addrs map[uint32]string) *memberSet {
 // too: a change can be applied while an event is queued, and a node that
 // restarts replays its changes before the loop runs.
 func (n *Node) membersLoop() {
+	defer n.wg.Done() // Close waits: it must not read the NodeHost while it closes
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
