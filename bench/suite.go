@@ -37,8 +37,9 @@ type Plan struct {
 	Idle          []int   // idle connections wanted, in steps
 	ScaleDuration time.Duration
 	PerProc       int // idle connections per hold process
-	// IdleRounds: runs of the active load with the most idle connections
-	// and without, back to back, for the p99 target (0: none).
+	// IdleRounds: rounds of the active load at the most idle connections
+	// held against ticketd, none, and held against another server (the
+	// control), back to back, for the p99 targets (0: none).
 	IdleRounds int
 
 	// 4. cluster (0 nodes: not run)

@@ -1171,6 +1171,10 @@ type memberSet struct {
 	addrs map[uint32]string
 }
 
+// preferred is the node that shard idx's leadership belongs on: shard i on
+// the i-th node mod their count, so that it is spread.
+func (m *memberSet) preferred(idx int) uint32 { return m.ids[idx%len(m.ids)] }
+
 func newMemberSet(addrs map[uint32]string) *memberSet {
 	m := &memberSet{addrs: addrs}
 	for id := range addrs {
@@ -1845,12 +1849,8 @@ func deadline(ctx context.Context, d time.Time) time.Time {
 	return d
 }
 
-// preferred is the node that g's leadership belongs on: shard i on the
-// i-th node mod their count, so that it is spread.
-func (n *Node) preferred(g *group) uint32 {
-	ids := n.members.Load().ids
-	return ids[g.idx%len(ids)]
-}
+// preferred is the node that g's leadership belongs on (memberSet.preferred).
+func (n *Node) preferred(g *group) uint32 { return n.members.Load().preferred(g.idx) }
 
 // successor is the node to hand g's leadership to: the shard's preferred
 // node if that is another one and reachable; else one of the others that
@@ -1861,7 +1861,7 @@ func (n *Node) successor(g *group) uint32 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	nodes := len(m.ids)
-	if want := m.ids[g.idx%nodes]; want != n.opt.NodeID && n.reach[m.addrs[want]] {
+	if want := m.preferred(g.idx); want != n.opt.NodeID && n.reach[m.addrs[want]] {
 		return want
 	}
 	others := make([]uint32, 0, nodes)
