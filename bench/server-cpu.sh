@@ -12,7 +12,9 @@
 #   DEPTH=1 REDIS=$(command -v redis-server) bench/server-cpu.sh ROUNDS SECONDS TICKETD...
 #
 # It starts each server with a fresh data dir on its own loopback port, from
-# PORT (default 17960) up, and stops only those.
+# PORT (default 17960) up, in this script's session as the bench does
+# (OWN_SESSION=1: each in a session of its own, bench/results/sessions.txt),
+# and stops only those.
 set -euo pipefail
 rounds=${1:?rounds}; secs=${2:?seconds}; shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,6 +22,10 @@ bench=${BENCH:-$root/bin/bench}
 depth=${DEPTH:-64}
 echo_bin=${ECHO_BIN:-$root/bin/echo}
 work=$(mktemp -d)
+# A background job of a script without job control is no group leader, so
+# setsid makes the session in place and the pid is the server's.
+sid=
+[ -n "${OWN_SESSION:-}" ] && sid=setsid
 pids=() ports=() names=() systems=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
@@ -27,16 +33,16 @@ trap cleanup EXIT
 port=${PORT:-17960}
 i=0
 for bin in "$@"; do
-	"$bin" --listen 127.0.0.1:$port --data-dir "$work/d$i" >"$work/s$i.log" 2>&1 &
+	$sid "$bin" --listen 127.0.0.1:$port --data-dir "$work/d$i" >"$work/s$i.log" 2>&1 &
 	pids+=($!) ports+=($port) names+=("$i:$(basename "$bin")") systems+=(ticketd)
 	i=$((i + 1)) port=$((port + 1))
 done
 if [ -n "${REDIS:-}" ]; then
-	"$REDIS" --port $port --bind 127.0.0.1 --save '' --appendonly no >"$work/redis.log" 2>&1 &
+	$sid "$REDIS" --port $port --bind 127.0.0.1 --save '' --appendonly no >"$work/redis.log" 2>&1 &
 	pids+=($!) ports+=($port) names+=(redis) systems+=(redis)
 	port=$((port + 1))
 fi
-"$echo_bin" --listen 127.0.0.1:$port >"$work/echo.log" 2>&1 &
+$sid "$echo_bin" --listen 127.0.0.1:$port >"$work/echo.log" 2>&1 &
 pids+=($!) ports+=($port) names+=(echo) systems+=(echo)
 sleep 1
 
