@@ -3,12 +3,14 @@ package replica
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -484,6 +486,60 @@ func TestReplaceOnAStoppedNodeFails(t *testing.T) {
 	defer cancel()
 	if err := n.Replace(ctx, 3, 4, freePort(t)); err == nil {
 		t.Fatal("a stopped node replaced a member")
+	}
+}
+
+// A Replace still running when its node stops ends with it, and the node's
+// Close waits for a NodeHost call the Replace is making rather than closing
+// the NodeHost under it (the two raced inside Dragonboat).
+func TestReplaceEndsWhenItsNodeStops(t *testing.T) {
+	var closed atomic.Bool // node 1's Close returned
+	var closedInAttempt atomic.Bool
+	held := make(chan struct{})
+	c := newTestClusterWith(t, 2, nil)
+	n := c.nodes[0]
+	c.stop(1)
+	c.stop(2) // no quorum: the replace keeps trying
+	n.opt.memberAttempt = func() {
+		select {
+		case <-n.stop:
+		default:
+			return
+		}
+		// The node is closing and this attempt is about to use the
+		// NodeHost: Close must not get past it.
+		defer close(held)
+		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if closed.Load() {
+				closedInAttempt.Store(true)
+				return
+			}
+		}
+	}
+	addr := freePort(t)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		done <- n.Replace(ctx, 3, 4, addr)
+	}()
+	time.Sleep(300 * time.Millisecond) // into its attempts
+	c.stop(0)
+	closed.Store(true)
+	select {
+	case err := <-done:
+		if !errors.Is(err, errStopping) {
+			t.Fatalf("replace ended with %v, want %v", err, errStopping)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the replace outlived its node by a minute")
+	}
+	<-held
+	if closedInAttempt.Load() {
+		t.Fatal("Close returned while a replace was using the NodeHost")
+	}
+	if err := n.Replace(context.Background(), 3, 4, addr); !errors.Is(err, errStopping) {
+		t.Fatalf("a replace on the closed node: %v, want %v", err, errStopping)
 	}
 }
 

@@ -68,6 +68,10 @@ type Options struct {
 	// it room without lengthening the ticks, which would take away the
 	// load under which transfers fail.
 	quiesceMax, quietFor time.Duration
+	// memberAttempt, when set, runs before each attempt of a membership
+	// change, with the NodeHost in use: a test holds an attempt there
+	// while the node closes.
+	memberAttempt func()
 }
 
 // election is the election timeout.
@@ -168,6 +172,10 @@ type Node struct {
 	stop        chan struct{}
 	wg          sync.WaitGroup
 	timerKick   chan struct{} // capacity 1: see timerLoop
+	// An operator's Replace or SetLimits uses the NodeHost from outside the
+	// node's goroutines: see enter.
+	useMu    sync.RWMutex
+	useEnded bool
 
 	setMu    sync.Mutex
 	set      settings      // this node's, announced to every shard (under setMu)
@@ -832,6 +840,11 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	if err := n.Err(); err != nil {
 		return fmt.Errorf("this node is stopping: %w", err)
 	}
+	leave, err := n.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
 	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey}}
 	body := appendSettings(nil, set)
 	stamp := n.now()
@@ -1356,6 +1369,13 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 	if old == 0 || new == 0 || old == new {
 		return errors.New("replica: replace needs two different positive node ids")
 	}
+	leave, err := n.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
+	ctx, cancel := n.untilStop(ctx)
+	defer cancel()
 	for _, g := range n.grps {
 		// A change forwarded to a leader that just went is lost silently
 		// (like a proposal): each step is tried in short attempts, checked
@@ -1373,13 +1393,48 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 	return nil
 }
 
+// errStopping answers an operator's call made while the node closes.
+var errStopping = errors.New("the node is stopping")
+
+// enter admits an operator's call (Replace, SetLimits) that uses the
+// NodeHost outside the node's own goroutines (those Close waits for in
+// n.wg). Close waits for the calls admitted before it closes the NodeHost,
+// and later ones are refused: Dragonboat's calls are not safe against its
+// Close (a Replace beside it raced on the NodeHost's gossip state). Such a
+// call also ends once n.stop closes, so Close does not wait long.
+func (n *Node) enter() (leave func(), err error) {
+	n.useMu.RLock()
+	if n.useEnded {
+		n.useMu.RUnlock()
+		return nil, errStopping
+	}
+	return n.useMu.RUnlock, nil
+}
+
+// untilStop is ctx, also ended (with errStopping as its cause) once the
+// node begins to close.
+func (n *Node) untilStop(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-n.stop:
+			cancel(errStopping)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
 // changeMembers runs change until done reports it applied here, or ctx ends.
 func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64]string) bool, change func(context.Context) error) error {
 	var last error
 	for {
+		if n.opt.memberAttempt != nil {
+			n.opt.memberAttempt()
+		}
 		info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
 		if info == nil {
-			return errors.New("the node is stopping")
+			return errStopping
 		}
 		for _, si := range info.ShardInfoList {
 			if si.ShardID == g.id && done(si.Replicas) {
@@ -1387,8 +1442,8 @@ func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64
 			}
 		}
 		if ctx.Err() != nil {
-			if last == nil {
-				last = ctx.Err()
+			if c := context.Cause(ctx); last == nil || errors.Is(c, errStopping) {
+				last = c
 			}
 			return last
 		}
@@ -1919,6 +1974,9 @@ func (n *Node) Close() error {
 		n.closing.Store(true)
 		close(n.stop)
 		n.wg.Wait()
+		n.useMu.Lock()
+		n.useEnded = true
+		n.useMu.Unlock()
 		n.nh.Close()
 		n.dir.close()
 	})
