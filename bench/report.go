@@ -571,9 +571,9 @@ func (r *Report) mdIdleRounds(w func(string, ...any)) {
 			fmtDur(x.Without.P999), fmtDur(x.With.P999), fmtDur(x.Elsewhere.P999))
 	}
 	with, without, elsewhere := r.idleRoundP99s()
-	mw, mo, me := float64(medianOf(with)), float64(medianOf(without)), float64(medianOf(elsewhere))
-	w("| median | | %s | %s | %s | %s | %s | %s | |\n", fmtDur(time.Duration(mo)), fmtDur(time.Duration(mw)),
-		fmtDur(time.Duration(me)), ratio(mw, mo), ratio(me, mo), ratio(mw, me))
+	mw, mo, me := medianOf(with), medianOf(without), medianOf(elsewhere)
+	w("| median | | %s | %s | %s | %s | %s | %s | |\n", fmtDur(mo), fmtDur(mw), fmtDur(me),
+		ratio(float64(mw), float64(mo)), ratio(float64(me), float64(mo)), ratio(float64(mw), float64(me)))
 }
 
 func (r *Report) has(sc Scenario) bool {

@@ -534,7 +534,11 @@ func TestReplaceEndsWhenItsNodeStops(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the replace outlived its node by a minute")
 	}
-	<-held
+	select {
+	case <-held:
+	case <-time.After(time.Minute):
+		t.Fatal("no attempt of the replace ran while the node closed")
+	}
 	if closedInAttempt.Load() {
 		t.Fatal("Close returned while a replace was using the NodeHost")
 	}
