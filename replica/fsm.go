@@ -90,6 +90,21 @@ type fsm struct {
 	skew        int64
 	timersMoved func()
 	due         int64
+
+	// clock is this node's clock (nil: no covers). covers holds, per token
+	// of a lease this replica granted (tokens are unique in a shard), the
+	// time on that clock before which the lease must not end: its lease_ms
+	// counted from the moment the grant was applied here. A deadline counts
+	// from the replicated clock, the stamp of an attempt, and an entry that
+	// commits late (held up by a leader that failed, or a loss of quorum; an
+	// abandoned attempt that commits after its retry) grants a lease that has
+	// partly run before anyone hears of it. The leader ends a lease only
+	// once its clock is skew past both (not state: each node measures its
+	// own, and a new leader uses what it applied as a follower, no earlier
+	// than the old leader did).
+	clock      func() int64
+	covers     map[uint64]int64
+	coverPrune int // len(covers) at which setCover next drops what is due
 }
 
 func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
@@ -244,6 +259,7 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 			return 0, r.err
 		}
 		f.ans = f.t.Apply(f.now, &f.cmd, f.ans[:0])
+		f.cover(f.ans)
 		f.keep(f.ans)
 	}
 	if len(r.b) != 0 {
@@ -290,6 +306,70 @@ func (f *fsm) keep(ans []shard.Answer) {
 		a.Key = f.copyBytes(a.Key)
 		f.mine = append(f.mine, a)
 	}
+}
+
+// cover records how late this replica applied the grants among ans, and
+// forgets the leases released. Under f.mu.
+func (f *fsm) cover(ans []shard.Answer) {
+	if f.clock == nil {
+		return
+	}
+	var local int64
+	for i := range ans {
+		switch a := &ans[i]; a.Result {
+		case shard.Acquired:
+			if local == 0 {
+				local = f.clock()
+			}
+			if late := local - f.now; late > 0 {
+				f.setCover(a.Token, a.Deadline+late, local)
+			}
+		case shard.Released:
+			delete(f.covers, a.Token)
+		}
+	}
+}
+
+// setCover records that the lease of tok ends no earlier than notBefore on
+// this node's clock. Entries whose time has come are dropped now and then
+// (a follower never proposes their Expire), so that the map holds about
+// the leases still running. Under f.mu.
+func (f *fsm) setCover(tok uint64, notBefore, local int64) {
+	if f.covers == nil {
+		f.covers = make(map[uint64]int64)
+	}
+	if len(f.covers) >= f.coverPrune {
+		for t, nb := range f.covers {
+			if nb+f.skew <= local {
+				delete(f.covers, t)
+			}
+		}
+		f.coverPrune = max(1024, 2*len(f.covers))
+	}
+	f.covers[tok] = notBefore
+}
+
+// dueExpires appends to out the Expire commands among due (from
+// Table.Due(now-skew)) whose covers have passed too, and returns the
+// earliest time on this node's clock at which one held back comes due
+// (math.MaxInt64: none). Under f.mu.
+func (f *fsm) dueExpires(now int64, due, out []shard.Command) ([]shard.Command, int64) {
+	later := int64(math.MaxInt64)
+	for i := range due {
+		c := &due[i]
+		if c.Op != shard.OpExpire {
+			continue
+		}
+		if nb, ok := f.covers[c.Token]; ok {
+			if now-f.skew < nb {
+				later = min(later, nb+f.skew)
+				continue
+			}
+			delete(f.covers, c.Token)
+		}
+		out = append(out, *c)
+	}
+	return out, later
 }
 
 func (f *fsm) copyBytes(b []byte) []byte {

@@ -221,6 +221,76 @@ func TestFSMTellsTimersMovedEarlier(t *testing.T) {
 	}
 }
 
+// A grant applied later than the replicated clock says it was made (an
+// entry that committed late) has its lease counted from the apply on this
+// node's clock as well: the leader's timer does not end it before the
+// lease has run from then, plus the skew. A grant applied on time, and a
+// lease released, add nothing.
+func TestFSMCoversALeaseGrantedLate(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	var local int64
+	f.skew, f.clock = 500e6, func() int64 { return local }
+	c, d := requesterConn(1, 5), requesterConn(1, 6)
+	expiresAt := func(now int64) []string {
+		t.Helper()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		var got []string
+		cmds, _ := f.dueExpires(now, f.t.Due(now-f.skew, nil), nil)
+		for _, c := range cmds {
+			got = append(got, fmt.Sprintf("%s %d", c.Key, c.Token))
+		}
+		return got
+	}
+
+	// "late" is stamped 1 s and applied at 1.9 s (token 1, deadline 11 s);
+	// "on-time" is stamped and applied at 2 s (token 2, deadline 12 s).
+	local = 1.9e9
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(c, 1, "o", "late", 10000, 0)}})
+	local = 2e9
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 2, stamp: 2e9}, cmds: []shard.Command{acquire(c, 2, "o", "on-time", 10000, 0)}})
+	if got := expiresAt(12.4e9 - 1); len(got) != 0 {
+		t.Fatalf("just before 12.4 s: %v expire; want none (late: 11.9 s + skew, on-time: 12 s + skew)", got)
+	}
+	f.mu.Lock()
+	_, held := f.dueExpires(12.4e9-1, f.t.Due(12.4e9-1-f.skew, nil), nil)
+	f.mu.Unlock()
+	if held != 12.4e9 {
+		t.Fatalf("the held-back lease comes due at %d, want 12.4 s", held)
+	}
+	if got := expiresAt(12.4e9); len(got) != 1 || got[0] != "late 1" {
+		t.Fatalf("at 12.4 s: %v expire; want late 1", got)
+	}
+	if got := expiresAt(12.5e9); len(got) != 2 || got[1] != "on-time 2" {
+		t.Fatalf("at 12.5 s: %v expire; want late 1 (its Expire not applied yet) and on-time 2", got)
+	}
+
+	// A hand-over decided by a release that committed late: the waiter's
+	// lease runs from the apply. The released lease's cover goes.
+	local = 20e9
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 3, stamp: 20e9}, cmds: []shard.Command{
+		acquire(c, 3, "o", "h", 10000, 0), acquire(d, 1, "p", "h", 10000, 60000)}})
+	local = 23e9
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 4, stamp: 21e9}, cmds: []shard.Command{
+		{Op: shard.OpRelease, From: shard.Requester{Conn: c, Seq: 4}, Key: []byte("h"), Token: 3}}})
+	if last := rec.got[len(rec.got)-1]; last != "A p h" {
+		t.Fatalf("the release handed over as %q", last)
+	}
+	if _, ok := f.covers[3]; ok {
+		t.Fatal("the released lease kept its cover")
+	}
+	if got := f.covers[4]; got != 31e9+2e9 {
+		t.Fatalf("the hand-over's lease is covered to %d, want 33 s (deadline 31 s, applied 2 s late)", got)
+	}
+	if got := expiresAt(33.5e9 - 1); slices.Contains(got, "h 4") {
+		t.Fatalf("before 33.5 s: %v expire; want h 4 still held", got)
+	}
+	if got := expiresAt(33.5e9); !slices.Contains(got, "h 4") {
+		t.Fatalf("at 33.5 s: %v expire; want h 4 among them", got)
+	}
+}
+
 // A batch with id 0 and no commands is a notice of the hand-over protocol:
 // passed on to the node (its kind in the floor field) and nothing else. The
 // table and the dedup state stay as they were (but for a node new to the

@@ -348,7 +348,7 @@ func Start(opt Options) (*Node, error) {
 		n.grps[i] = g
 		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
 			f := newFSM(int(shardID-1), opt.NodeID, tcfg, n)
-			f.skew, f.timersMoved, f.inc = int64(opt.MaxClockSkew), n.kickTimers, n.inc
+			f.skew, f.timersMoved, f.inc, f.clock = int64(opt.MaxClockSkew), n.kickTimers, n.inc, n.now
 			g.fsm.Store(f)
 			return f
 		}
@@ -1072,6 +1072,10 @@ func (n *Node) timerLoop() {
 // timerMin is the shortest time between two runs of the timer loop.
 const timerMin = 2 * time.Millisecond
 
+// coverPoll is how often the timer loop looks at a shard while a lease due
+// by its deadline waits for its cover (fsm.covers) to pass.
+const coverPoll = int64(10 * time.Millisecond)
+
 // kickTimers wakes timerLoop to look at the shards again.
 func (n *Node) kickTimers() {
 	select {
@@ -1094,13 +1098,13 @@ func (n *Node) runTimers(skew int64, expires, waits *[]shard.Command) int64 {
 		var b []byte
 		count := uint64(0)
 		f.mu.Lock()
+		held := int64(math.MaxInt64) // the first cover to pass, of leases held back by theirs
 		if first, ok := f.t.NextDeadline(); ok && first <= now {
-			*expires = f.t.Due(now-skew, (*expires)[:0])
+			*waits = f.t.Due(now-skew, (*waits)[:0])
+			*expires, held = f.dueExpires(now, *waits, (*expires)[:0])
 			for i := range *expires {
-				if (*expires)[i].Op == shard.OpExpire {
-					b = appendCommand(b, &(*expires)[i])
-					count++
-				}
+				b = appendCommand(b, &(*expires)[i])
+				count++
 			}
 			*waits = f.t.Due(now, (*waits)[:0])
 			for i := range *waits {
@@ -1113,6 +1117,13 @@ func (n *Node) runTimers(skew int64, expires, waits *[]shard.Command) int64 {
 		due, ok := f.t.NextDue(skew)
 		if !ok {
 			due = math.MaxInt64
+		}
+		if held < math.MaxInt64 && due <= now {
+			// The earliest timer is a lease held back by its cover, and the
+			// heap cannot say what comes after it: look again when the first
+			// cover passes, and meanwhile often enough for a timer that
+			// comes due in between.
+			due = min(held, now+coverPoll)
 		}
 		f.due = due // Updates that set a timer before it kick the loop
 		if count == 0 {
