@@ -45,6 +45,10 @@ type sink interface {
 	// notice passes on a notice of the hand-over protocol (noticeHandOver
 	// or noticeDrained) from node, stamped on its clock.
 	notice(shardIdx int, node uint32, kind uint64, stamp int64)
+	// lost names this node's connections that had acquires queued which a
+	// snapshot received no longer holds: their answers were decided in
+	// entries this replica never applied, and will not come.
+	lost(shardIdx int, conns []uint64)
 }
 
 // fsm is one replica of one shard: a shard.Table in Replicated mode plus
@@ -414,7 +418,12 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan str
 	if p := f.props[f.node]; p != nil && p.inc == f.inc {
 		before = p.seen
 	}
+	waiting := f.t.Waiting(f.node, nil)
 	err := f.readState(bufio.NewReader(r))
+	var lost []uint64
+	if err == nil && len(waiting) > 0 {
+		lost = gone(waiting, f.t.Waiting(f.node, nil))
+	}
 	if p := f.props[f.node]; err == nil && p != nil && p.inc == f.inc {
 		// Batches of this run that the snapshot applied, and not this
 		// replica before it, were never answered here: a retry of one,
@@ -435,7 +444,26 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan str
 	if f.timersMoved != nil {
 		f.timersMoved() // the table restored may have any timers
 	}
+	if len(lost) > 0 && f.out != nil {
+		f.out.lost(f.idx, lost)
+	}
 	return err
+}
+
+// gone returns the connections of the waiters in before that are not in
+// after, each once.
+func gone(before, after []shard.Command) []uint64 {
+	still := make(map[shard.Requester]struct{}, len(after))
+	for _, w := range after {
+		still[w.From] = struct{}{}
+	}
+	var conns []uint64
+	for _, w := range before {
+		if _, ok := still[w.From]; !ok && !slices.Contains(conns, w.From.Conn) {
+			conns = append(conns, w.From.Conn)
+		}
+	}
+	return conns
 }
 
 // Close implements sm.IConcurrentStateMachine.

@@ -25,6 +25,10 @@ func (r *recorder) notice(_ int, node uint32, kind uint64, _ int64) {
 	r.got = append(r.got, fmt.Sprintf("notice %d from %d", kind, node))
 }
 
+func (r *recorder) lost(_ int, conns []uint64) {
+	r.got = append(r.got, fmt.Sprintf("lost %v", conns))
+}
+
 type batch struct {
 	h    header
 	cmds []shard.Command
@@ -479,6 +483,42 @@ func TestFSMAnsweredBatchIsNotUnansweredAfterASnapshot(t *testing.T) {
 	}
 	if got, want := update(t, f, b7, b8), []uint64{resultApplied, resultUnanswered}; !slices.Equal(got, want) {
 		t.Errorf("retries after the snapshot: results %v, want %v", got, want)
+	}
+}
+
+// A replica that catches up by snapshot never applies the entries the
+// snapshot covers, so the answers they decided for this node's queued
+// acquires never come out of it: it names their connections (lost), which
+// the node then closes with E unavailable. A connection whose acquire is
+// still queued in the snapshot is not named, nor is another node's.
+func TestFSMSnapshotNamesWaitersItDecided(t *testing.T) {
+	holder, x, y := requesterConn(1, 1), requesterConn(1, 2), requesterConn(1, 3)
+	queue := batch{h: header{node: 2, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{
+		acquire(holder, 1, "h", "k", 60000, 0), acquire(holder, 2, "h", "j", 60000, 0)}}
+	wait := batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{
+		acquire(x, 1, "x", "k", 60000, 30000), acquire(y, 1, "y", "j", 60000, 30000)}}
+	other := batch{h: header{node: 3, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{
+		acquire(requesterConn(1, 4), 1, "z", "k", 60000, 30000)}}
+	release := batch{h: header{node: 2, inc: 1, batch: 2, stamp: 2e9}, cmds: []shard.Command{
+		{Op: shard.OpRelease, From: shard.Requester{Conn: holder, Seq: 3}, Key: []byte("k"), Token: 1}}}
+
+	ahead := newFSM(0, 2, shard.Config{}, nil)
+	update(t, ahead, queue, wait, other, release) // k goes to x; y still waits for j
+	ctx, err := ahead.PrepareSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rec := &recorder{}
+	behind := newFSM(0, 1, shard.Config{}, rec)
+	behind.inc = 1
+	update(t, behind, queue, wait, other)
+	rec.got = nil
+	if err := behind.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{fmt.Sprintf("lost %v", []uint64{x})}; !slices.Equal(rec.got, want) {
+		t.Fatalf("after the snapshot: %q, want %q", rec.got, want)
 	}
 }
 

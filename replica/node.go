@@ -572,6 +572,23 @@ func (n *Node) deliver(idx int, ans []shard.Answer) {
 
 func (n *Node) orphaned(gr netloop.Grant) { n.Orphaned(gr.Token, gr.Key) }
 
+// lost closes with E unavailable this run's connections whose queued
+// acquires a snapshot decided (fsm.lost): granted or timed out, which this
+// node cannot tell. A grant among them stays until its lease ends.
+func (n *Node) lost(idx int, conns []uint64) {
+	var mine []uint64
+	for _, c := range conns {
+		if c>>connBits == n.inc {
+			mine = append(mine, c&connMask)
+		}
+	}
+	if len(mine) > 0 {
+		n.log.Warn("answering E unavailable: a snapshot decided queued acquires of this node's connections",
+			zap.Int("shard", idx), zap.Int("connections", len(mine)))
+		n.fail(mine)
+	}
+}
+
 // add queues cmd for the shard's next proposal; local names the connection
 // that waits for its answer (0: none).
 func (g *group) add(cmd *shard.Command, local uint64) {
