@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/ticketd/ticketd/shard"
 )
@@ -15,8 +16,8 @@ import (
 //
 // Integers are uvarints; stamp is a zig-zag varint of unix nanoseconds on
 // the proposer's clock at this attempt (a retry is stamped anew, so that a
-// lease granted by a batch that committed late still runs from about its
-// grant). floor is the proposer's lowest batch id still unresolved (in
+// lease granted by a batch that committed late on a retry still runs from
+// about its grant; the leader covers any other lateness, fsm.covers). floor is the proposer's lowest batch id still unresolved (in
 // flight) for this shard: every id below it committed or was given up, so a
 // replica forgets them and refuses them from then on. batchID numbers the proposals of one
 // incarnation of one node to one shard from 1 up; 0 marks a batch whose
@@ -53,23 +54,37 @@ const (
 )
 
 // settings are the flags that decide what a shard's replicas answer: the
-// shard count, which routes keys to shards, and the limits, which decide B.
-// Totals over the cluster, as given on the command line.
+// shard count, which routes keys to shards, the limits, which decide B
+// (totals over the cluster, as given on the command line), and the clock
+// skew, which decides when a leader ends a lease.
 type settings struct {
 	shards int
 	limits
+	skew int64 // nanoseconds; 0: not announced (a notice of an older ticketd)
 }
 
 func (s settings) String() string {
-	return fmt.Sprintf("--shards %d --max-keys %d --max-waiters %d --max-waiters-per-key %d",
+	str := fmt.Sprintf("--shards %d --max-keys %d --max-waiters %d --max-waiters-per-key %d",
 		s.shards, s.MaxKeys, s.MaxWaiters, s.MaxWaitersPerKey)
+	if s.skew != 0 {
+		str += " --max-clock-skew " + time.Duration(s.skew).String()
+	}
+	return str
 }
 
+// same tells whether s and o may run side by side: the same shards and
+// limits, and the same skew unless one of them did not announce it.
+func (s settings) same(o settings) bool {
+	return s.shards == o.shards && s.limits == o.limits && (s.skew == o.skew || s.skew == 0 || o.skew == 0)
+}
+
+// appendSettings encodes s: shards, the three limits, then the skew, which
+// a notice of an older ticketd leaves out.
 func appendSettings(b []byte, s settings) []byte {
 	for _, v := range []int{s.shards, s.MaxKeys, s.MaxWaiters, s.MaxWaitersPerKey} {
 		b = binary.AppendUvarint(b, uint64(v))
 	}
-	return b
+	return binary.AppendUvarint(b, uint64(s.skew))
 }
 
 type header struct {
@@ -219,7 +234,15 @@ func (r *reader) settings() settings {
 	if v[0] == 0 {
 		r.err = errEntry // no node runs without shards
 	}
-	return settings{shards: v[0], limits: limits{MaxKeys: v[1], MaxWaiters: v[2], MaxWaitersPerKey: v[3]}}
+	s := settings{shards: v[0], limits: limits{MaxKeys: v[1], MaxWaiters: v[2], MaxWaitersPerKey: v[3]}}
+	if len(r.b) > 0 {
+		if k := r.uvarint(); k > math.MaxInt64 {
+			r.err = errEntry
+		} else {
+			s.skew = int64(k)
+		}
+	}
+	return s
 }
 
 // command decodes the next command into c; slices point into the entry.

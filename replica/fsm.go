@@ -223,8 +223,12 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 			if r.err != nil || len(r.b) != 0 {
 				return 0, errEntry
 			}
-			// A change of limits cannot change the shard count.
+			// A change of limits cannot change the shard count, and one of
+			// an older ticketd (no skew) keeps the skew known.
 			if f.set == nil || h.floor == noticeLimits && s.shards == f.set.shards && (h.stamp == 0 || h.stamp > f.setAt) {
+				if s.skew == 0 && f.set != nil {
+					s.skew = f.set.skew
+				}
 				f.adopt(s, h.node)
 				if h.floor == noticeLimits {
 					f.setAt = h.stamp
@@ -469,18 +473,18 @@ func gone(before, after []shard.Command) []uint64 {
 // Close implements sm.IConcurrentStateMachine.
 func (f *fsm) Close() error { return nil }
 
-// Replica snapshot, version 3, uvarints unless said otherwise:
+// Replica snapshot, version 4, uvarints unless said otherwise:
 //
 //	"TKRS" version(1 byte) now(varint)
-//	setBy (0: no settings), then if not 0: shards maxKeys maxWaiters maxWaitersPerKey setAt(varint)
+//	setBy (0: no settings), then if not 0: shards maxKeys maxWaiters maxWaitersPerKey skew setAt(varint)
 //	nodeCount, per node ascending: node incarnation floor idCount id* (ascending)
 //	the table's own snapshot (shard.WriteSnapshot, with its checksum)
 //
-// Version 2, without setAt, and version 1, without the settings line, still
-// load.
+// Version 3, without skew, version 2, without setAt either, and version 1,
+// without the settings line, still load.
 const (
 	replMagic   = "TKRS"
-	replVersion = 3
+	replVersion = 4
 )
 
 func (f *fsm) writeState(w io.Writer) error {
@@ -552,6 +556,13 @@ func (f *fsm) readState(r *bufio.Reader) error {
 				err = errSnapshot // no node runs without shards
 			}
 			set = &settings{shards: int(v[0]), limits: limits{MaxKeys: int(v[1]), MaxWaiters: int(v[2]), MaxWaitersPerKey: int(v[3])}}
+			if magic[4] >= 4 {
+				if k := uv(); k > math.MaxInt64 {
+					err = errSnapshot
+				} else {
+					set.skew = int64(k)
+				}
+			}
 			setBy = uint32(by)
 			if magic[4] >= 3 && err == nil {
 				setAt, err = binary.ReadVarint(r)

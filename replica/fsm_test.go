@@ -184,7 +184,7 @@ func TestFSMRejectsAMalformedEntry(t *testing.T) {
 	// Settings: cut, with bytes after them, and with no shards (the
 	// limits per shard would divide by zero).
 	n := appendHeader(nil, header{node: 1, inc: 1, floor: noticeSettings, stamp: 1})
-	good := appendSettings(slices.Clone(n), settings{shards: 2, limits: limits{MaxKeys: 4}})
+	good := appendSettings(slices.Clone(n), settings{shards: 2, limits: limits{MaxKeys: 4}, skew: 500e6})
 	for _, bad := range [][]byte{good[:len(good)-1], append(slices.Clone(good), 0), appendSettings(slices.Clone(n), settings{limits: limits{MaxKeys: 4}})} {
 		if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: bad}}); err == nil {
 			t.Fatalf("settings notice %x applied", bad)
@@ -452,6 +452,74 @@ func TestFSMAppliesTheFirstSettingsOfItsLog(t *testing.T) {
 	_, b, _ := h.digest()
 	if _, _, ok := h.settings(); ok || a != b {
 		t.Fatal("a snapshot of version 1 did not load as it was")
+	}
+}
+
+// The clock skew is one of the settings: announced with them, kept in
+// snapshots, and unknown (0, matching any) in a notice or snapshot of a
+// ticketd that did not announce it, which still loads; a change of limits
+// without it keeps the one known.
+func TestFSMSettingsCarryTheClockSkew(t *testing.T) {
+	notice := func(kind uint64, stamp int64, s settings, cut bool) sm.Entry {
+		b := appendSettings(appendHeader(nil, header{node: 2, inc: 1, floor: kind, stamp: stamp}), s)
+		if cut { // as an older ticketd wrote it: no skew
+			b = b[:len(b)-len(binary.AppendUvarint(nil, uint64(s.skew)))]
+		}
+		return sm.Entry{Index: 1, Cmd: b}
+	}
+	base := settings{shards: 1, limits: limits{MaxKeys: 2}, skew: 500e6}
+	f := newFSM(0, 1, shard.Config{}, nil)
+	if _, err := f.Update([]sm.Entry{notice(noticeSettings, 1e9, base, false)}); err != nil {
+		t.Fatal(err)
+	}
+	if set, _, _ := f.settings(); set != base {
+		t.Fatalf("settings %+v, want %+v", set, base)
+	}
+	changed := base
+	changed.MaxKeys = 3
+	if _, err := f.Update([]sm.Entry{notice(noticeLimits, 2e9, changed, true)}); err != nil {
+		t.Fatal(err)
+	}
+	if set, _, _ := f.settings(); set != changed {
+		t.Fatalf("after a change of limits without the skew: %+v, want %+v", set, changed)
+	}
+	ctx, _ := f.PrepareSnapshot()
+	g := newFSM(0, 2, shard.Config{}, nil)
+	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if set, _, _ := g.settings(); set != changed {
+		t.Fatalf("restored %+v, want %+v", set, changed)
+	}
+
+	// Version 3: the settings without the skew.
+	v4 := ctx.([]byte)
+	at := len(replMagic) + 1 + len(binary.AppendVarint(nil, f.now)) + 1 // after now and setBy 2
+	at += len(appendSettings(nil, settings{shards: changed.shards, limits: changed.limits})) - 1
+	skewLen := len(binary.AppendUvarint(nil, uint64(changed.skew)))
+	v3 := slices.Concat(v4[:len(replMagic)], []byte{3}, v4[len(replMagic)+1:at], v4[at+skewLen:])
+	h := newFSM(0, 2, shard.Config{}, nil)
+	if err := h.RecoverFromSnapshot(bytes.NewReader(v3), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := changed
+	want.skew = 0
+	if set, _, _ := h.settings(); set != want {
+		t.Fatalf("a snapshot of version 3 restored %+v, want %+v", set, want)
+	}
+
+	for _, tc := range []struct {
+		a, b settings
+		same bool
+	}{
+		{base, base, true},
+		{base, settings{shards: 1, limits: limits{MaxKeys: 2}, skew: 50e6}, false},
+		{base, settings{shards: 1, limits: limits{MaxKeys: 2}}, true},
+		{base, settings{shards: 1, limits: limits{MaxKeys: 3}, skew: 500e6}, false},
+	} {
+		if tc.a.same(tc.b) != tc.same || tc.b.same(tc.a) != tc.same {
+			t.Errorf("%s and %s: same %v, want %v", tc.a, tc.b, !tc.same, tc.same)
+		}
 	}
 }
 

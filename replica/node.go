@@ -271,7 +271,8 @@ func Start(opt Options) (*Node, error) {
 	}
 	opt.Peers = maps.Clone(opt.Peers) // read for the node's life: the caller may reuse its map
 	setupLogging(opt.Logger)
-	set := settings{shards: opt.Shards, limits: limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey}}
+	set := settings{shards: opt.Shards, limits: limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey},
+		skew: int64(opt.MaxClockSkew)}
 	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards)
 	if err != nil {
 		return nil, err
@@ -752,7 +753,7 @@ func (g *group) announce() bool {
 		if ok && set.shards == n.opt.Shards && at > n.started {
 			n.takeLimits(set.limits, g.idx, by)
 		}
-		if mine := n.settings(); !ok || set == mine {
+		if mine := n.settings(); !ok || set.same(mine) {
 			g.agreed = true
 			if g.idx == 0 {
 				close(n.settled)
@@ -862,7 +863,8 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 		return err
 	}
 	defer leave()
-	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey}}
+	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey},
+		skew: int64(n.opt.MaxClockSkew)}
 	body := appendSettings(nil, set)
 	stamp := n.now()
 	ok := make([]bool, len(n.grps))
@@ -876,7 +878,7 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 			// Applied here by now; a shard of another shard count keeps its
 			// own (this node is stopping), and a change after this one wins.
 			got, _, _ := g.fsm.Load().settings()
-			ok[i] = got == set
+			ok[i] = got.same(set)
 		})
 	}
 	wg.Wait()

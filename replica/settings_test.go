@@ -26,6 +26,7 @@ func TestClusterNodeWithOtherSettingsStops(t *testing.T) {
 	}{
 		{"limits", func(o *Options) { o.MaxKeys = 1 }, "--max-keys 1"},
 		{"shards", func(o *Options) { o.Shards = 1 }, "--shards 1"},
+		{"clock skew", func(o *Options) { o.MaxClockSkew = 50 * time.Millisecond }, "--max-clock-skew 50ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100 })
