@@ -177,7 +177,7 @@ func TestClusterReport(t *testing.T) {
 			}
 		}
 	}
-	if found != len(want) || len(r.Targets) != 13+len(want) {
+	if found != len(want) || len(r.Targets) != 14+len(want) {
 		t.Fatalf("targets %+v", r.Targets)
 	}
 	dir := t.TempDir()

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -57,6 +58,11 @@ type SteadyReport struct {
 	Rounds int
 	Setups []SteadySetup
 	Runs   []SteadyRun
+	// EqualRate is the load offered alike to ticketd's default and Redis in
+	// the equal-load rounds (pairs/s, open loop): the lower of their
+	// depth-1 medians; EqualRuns their runs at it (Depth 0).
+	EqualRate float64     `json:",omitempty"`
+	EqualRuns []SteadyRun `json:",omitempty"`
 }
 
 func steadySetups(redis bool) []SteadySetup {
@@ -96,12 +102,57 @@ func (s *suite) steady(ctx context.Context) error {
 			}
 		}
 	}
+	return s.steadyEqualLoad(ctx, rep)
+}
+
+// steadyEqualLoad offers ticketd's default and Redis the same load, open
+// loop, in interleaved rounds: in the closed loop each sets its own pace,
+// and the faster one loads the shared cores (the generator's included)
+// more, which lengthens its own tail (bench/results/depth1-equal-rate.txt).
+func (s *suite) steadyEqualLoad(ctx context.Context, rep *SteadyReport) error {
+	var pair []SteadySetup
+	for _, role := range []SteadyRole{RoleDefault, RolePeer} {
+		if i := slices.IndexFunc(rep.Setups, func(st SteadySetup) bool { return st.Role == role }); i >= 0 {
+			pair = append(pair, rep.Setups[i])
+		}
+	}
+	def, ok1 := rep.roleStat(RoleDefault, 1)
+	peer, ok2 := rep.roleStat(RolePeer, 1)
+	if len(pair) != 2 || !ok1 || !ok2 {
+		return nil
+	}
+	rep.EqualRate = min(def.Median, peer.Median)
+	if rep.EqualRate >= 1000 {
+		rep.EqualRate = 1000 * math.Floor(rep.EqualRate/1000)
+	}
+	for round := 1; round <= s.plan.SteadyRounds; round++ {
+		for _, st := range pair {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			run, err := s.steadyOpen(ctx, st, rep.EqualRate)
+			if err != nil {
+				return fmt.Errorf("%s: %w", st.Name, err)
+			}
+			run.Round = round
+			rep.EqualRuns = append(rep.EqualRuns, run)
+		}
+	}
 	return nil
 }
 
 // steadyRun starts a fresh server of set-up st, runs one closed loop at
 // depth and stops the server.
-func (s *suite) steadyRun(ctx context.Context, st SteadySetup, depth int) (run SteadyRun, err error) {
+func (s *suite) steadyRun(ctx context.Context, st SteadySetup, depth int) (SteadyRun, error) {
+	return s.steadyLoad(ctx, st, depth, 0)
+}
+
+// steadyOpen is steadyRun for one open loop at rate pairs/s (Depth 0).
+func (s *suite) steadyOpen(ctx context.Context, st SteadySetup, rate float64) (SteadyRun, error) {
+	return s.steadyLoad(ctx, st, 0, rate)
+}
+
+func (s *suite) steadyLoad(ctx context.Context, st SteadySetup, depth int, rate float64) (run SteadyRun, err error) {
 	var srv *Proc
 	switch st.System {
 	case Ticketd:
@@ -117,8 +168,11 @@ func (s *suite) steadyRun(ctx context.Context, st SteadySetup, depth int) (run S
 	defer stopInto(&err, srv)
 	p := s.plan
 	l := Load{System: st.System, Addr: srv.Addr, Conns: p.Conns, Warmup: p.Warmup,
-		Keys: Dist{Keys: p.Keys}, KeyPrefix: "k", LeaseMs: 30000, Depth: depth, Duration: p.SteadyDuration,
+		Keys: Dist{Keys: p.Keys}, KeyPrefix: "k", LeaseMs: 30000, Depth: depth, Rate: rate, Duration: p.SteadyDuration,
 		Label: fmt.Sprintf("steady %s depth %d", st.Name, depth)}
+	if rate > 0 {
+		l.Label = fmt.Sprintf("steady %s, open loop at %s pairs/s", st.Name, human(rate))
+	}
 	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
 	cpu0, _ := srv.CPU()
 	srvDelay0, genDelay0, t0 := runDelay(srv.Pid()), runDelay(os.Getpid()), time.Now()
@@ -222,9 +276,11 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 		tradeName   = "loops: ticketd's default keeps >= 90% of one loop per core's pairs/s at depth 64"
 		ceilingName = "steady: ticketd's default depth-64 pairs/s >= 60% of the echo ceiling's, medians of the interleaved rounds"
 		tailName    = "steady: ticketd's default depth-1 p99 <= Redis p99, medians of the interleaved rounds"
+		equalName   = "steady: at the same offered load (open loop at the lower of the two depth-1 medians), ticketd's default p99 <= Redis p99, medians of the rounds"
 	)
 	sr := r.Steady
 	if sr == nil || len(sr.Runs) == 0 {
+		skip(equalName, "the steady scenario did not run")
 		skip(tailName, "the steady scenario did not run")
 		skip(spreadName, "the steady scenario did not run")
 		skip(tradeName, "the steady scenario did not run")
@@ -242,6 +298,18 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 		r.Targets = append(r.Targets, Target{tailName,
 			fmt.Sprintf("%s vs %s (medians of %d rounds)", fmtDur(def.P99), fmtDur(peer.P99), min(def.Runs, peer.Runs)),
 			verdict(def.P99 <= peer.P99)})
+	}
+	// The closed loop above lets each set its own pace; here both get the
+	// same load, so that the faster does not lengthen its own tail.
+	if def, n1 := sr.equalP99(RoleDefault); n1 == 0 {
+		skip(equalName, "ticketd did not run at depth 1")
+	} else if peer, n2 := sr.equalP99(RolePeer); n2 == 0 {
+		skip(equalName, "Redis did not run ("+RedisInstall+" if it is missing)")
+	} else {
+		r.Targets = append(r.Targets, Target{equalName,
+			fmt.Sprintf("%s vs %s at %s pairs/s (medians of %d rounds)", fmtDur(def), fmtDur(peer),
+				human(sr.EqualRate), min(n1, n2)),
+			verdict(def <= peer)})
 	}
 	deep := slices.Max(r.plan.SteadyDepths)
 	def, ok1 := sr.roleStat(RoleDefault, deep)
@@ -285,6 +353,24 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 	}
 }
 
+// equalP99 is the median p99 of role's equal-load runs, and their count.
+func (r *SteadyReport) equalP99(role SteadyRole) (time.Duration, int) {
+	i := slices.IndexFunc(r.Setups, func(st SteadySetup) bool { return st.Role == role })
+	if i < 0 {
+		return 0, 0
+	}
+	var p99 []time.Duration
+	for _, x := range r.EqualRuns {
+		if x.Setup == r.Setups[i].Name {
+			p99 = append(p99, x.P99)
+		}
+	}
+	if len(p99) == 0 {
+		return 0, 0
+	}
+	return medianOf(p99), len(p99)
+}
+
 func (r *Report) mdSteady(w func(string, ...any)) {
 	sr := r.Steady
 	p := r.plan
@@ -306,5 +392,15 @@ func (r *Report) mdSteady(w func(string, ...any)) {
 				human(x.Min), human(x.Max), 100*x.Spread, fmtDur(x.P99), x.ServerCores,
 				fmtDur(x.ServerRunDelay), fmtDur(x.BenchRunDelay))
 		}
+	}
+	if len(sr.EqualRuns) == 0 {
+		return
+	}
+	w("\nThe same load for ticketd and Redis: open loop at %s pairs/s (the lower of their depth-1 medians above), "+
+		"one run of each per round on a fresh server; latency counts from the intended send. "+
+		"In the closed loop each sets its own pace, and the faster one loads the shared cores more.\n\n", human(sr.EqualRate))
+	w("| set-up | round | pairs/s | p99 |\n|---|--:|--:|--:|\n")
+	for _, x := range sr.EqualRuns {
+		w("| %s | %d | %s | %s |\n", x.Setup, x.Round, human(x.PairsPerSec), fmtDur(x.P99))
 	}
 }
