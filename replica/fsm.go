@@ -105,7 +105,7 @@ type fsm struct {
 	// partly run before anyone hears of it. The leader ends a lease only
 	// once its clock is skew past both (not state: each node measures its
 	// own, and a new leader uses what it applied as a follower, no earlier
-	// than the old leader did).
+	// than the entries committed).
 	clock      func() int64
 	covers     map[uint64]int64
 	coverPrune int // len(covers) at which setCover next drops what is due
