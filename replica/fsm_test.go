@@ -47,6 +47,24 @@ func acquire(conn, seq uint64, owner, key string, lease, wait uint64) shard.Comm
 	return shard.Command{Op: shard.OpAcquire, From: shard.Requester{Conn: conn, Seq: seq}, Owner: []byte(owner), Key: []byte(key), LeaseMs: lease, WaitMs: wait}
 }
 
+
+// snapshot is f's replica snapshot, as SaveSnapshot writes it.
+func snapshot(t *testing.T, f *fsm) []byte {
+	t.Helper()
+	ctx, err := f.PrepareSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx.([]byte)
+}
+
+// restore recovers f from the snapshot b.
+func restore(t *testing.T, f *fsm, b []byte) {
+	t.Helper()
+	if err := f.RecoverFromSnapshot(bytes.NewReader(b), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+}
 // update applies bs as one Update and returns each entry's result.
 func update(t *testing.T, f *fsm, bs ...batch) []uint64 {
 	t.Helper()
@@ -418,11 +436,8 @@ func TestFSMAppliesTheFirstSettingsOfItsLog(t *testing.T) {
 	if _, err := f.Update(slices.Clone(log)); err != nil {
 		t.Fatal(err)
 	}
-	ctx, _ := f.PrepareSnapshot()
 	g := newFSM(0, 2, shard.Config{MaxKeys: 7}, nil)
-	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, g, snapshot(t, f))
 	if set, by, ok := g.settings(); !ok || by != 2 || set.MaxKeys != 2 {
 		t.Fatalf("restored settings %+v from %d (%v)", set, by, ok)
 	}
@@ -436,17 +451,14 @@ func TestFSMAppliesTheFirstSettingsOfItsLog(t *testing.T) {
 	// Version 1: no settings line (the byte after now).
 	old := newFSM(0, 1, shard.Config{}, nil)
 	update(t, old, batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "a", 5000, 0)}})
-	ctx, _ = old.PrepareSnapshot()
-	v2 := ctx.([]byte)
+	v2 := snapshot(t, old)
 	at := len(replMagic) + 1 + len(binary.AppendVarint(nil, old.now))
 	if v2[at] != 0 {
 		t.Fatal("no settings should be one 0 byte")
 	}
 	v1 := slices.Concat(v2[:len(replMagic)], []byte{1}, v2[len(replMagic)+1:at], v2[at+1:])
 	h := newFSM(0, 2, shard.Config{}, nil)
-	if err := h.RecoverFromSnapshot(bytes.NewReader(v1), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, h, v1)
 	h.applied = old.applied
 	_, a, _ := old.digest()
 	_, b, _ := h.digest()
@@ -483,25 +495,20 @@ func TestFSMSettingsCarryTheClockSkew(t *testing.T) {
 	if set, _, _ := f.settings(); set != changed {
 		t.Fatalf("after a change of limits without the skew: %+v, want %+v", set, changed)
 	}
-	ctx, _ := f.PrepareSnapshot()
+	v4 := snapshot(t, f)
 	g := newFSM(0, 2, shard.Config{}, nil)
-	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, g, v4)
 	if set, _, _ := g.settings(); set != changed {
 		t.Fatalf("restored %+v, want %+v", set, changed)
 	}
 
 	// Version 3: the settings without the skew.
-	v4 := ctx.([]byte)
 	at := len(replMagic) + 1 + len(binary.AppendVarint(nil, f.now)) + 1 // after now and setBy 2
 	at += len(appendSettings(nil, settings{shards: changed.shards, limits: changed.limits})) - 1
 	skewLen := len(binary.AppendUvarint(nil, uint64(changed.skew)))
 	v3 := slices.Concat(v4[:len(replMagic)], []byte{3}, v4[len(replMagic)+1:at], v4[at+skewLen:])
 	h := newFSM(0, 2, shard.Config{}, nil)
-	if err := h.RecoverFromSnapshot(bytes.NewReader(v3), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, h, v3)
 	want := changed
 	want.skew = 0
 	if set, _, _ := h.settings(); set != want {
@@ -534,10 +541,7 @@ func TestFSMAnsweredBatchIsNotUnansweredAfterASnapshot(t *testing.T) {
 	b8 := batch{h: header{node: 1, inc: 1, batch: 8, floor: 7, stamp: 1e9}, cmds: acq(2, "j")}
 	leader := newFSM(0, 2, shard.Config{}, nil)
 	update(t, leader, b7, b8)
-	ctx, err := leader.PrepareSnapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := snapshot(t, leader)
 
 	rec := &recorder{}
 	f := newFSM(0, 1, shard.Config{}, rec)
@@ -546,9 +550,7 @@ func TestFSMAnsweredBatchIsNotUnansweredAfterASnapshot(t *testing.T) {
 	if want := []string{"A o k"}; !slices.Equal(rec.got, want) {
 		t.Fatalf("answers %q, want %q", rec.got, want)
 	}
-	if err := f.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, f, snap)
 	if got, want := update(t, f, b7, b8), []uint64{resultApplied, resultUnanswered}; !slices.Equal(got, want) {
 		t.Errorf("retries after the snapshot: results %v, want %v", got, want)
 	}
@@ -572,19 +574,14 @@ func TestFSMSnapshotNamesWaitersItDecided(t *testing.T) {
 
 	ahead := newFSM(0, 2, shard.Config{}, nil)
 	update(t, ahead, queue, wait, other, release) // k goes to x; y still waits for j
-	ctx, err := ahead.PrepareSnapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := snapshot(t, ahead)
 
 	rec := &recorder{}
 	behind := newFSM(0, 1, shard.Config{}, rec)
 	behind.inc = 1
 	update(t, behind, queue, wait, other)
 	rec.got = nil
-	if err := behind.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, behind, snap)
 	if want := []string{fmt.Sprintf("lost %v", []uint64{x})}; !slices.Equal(rec.got, want) {
 		t.Fatalf("after the snapshot: %q, want %q", rec.got, want)
 	}
@@ -617,11 +614,8 @@ func TestFSMChangesLimitsWhereTheLogSays(t *testing.T) {
 	if !slices.Equal(rec.got, want) {
 		t.Fatalf("got %q\nwant %q", rec.got, want)
 	}
-	ctx, _ := f.PrepareSnapshot()
 	g := newFSM(0, 2, shard.Config{}, nil)
-	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, g, snapshot(t, f))
 	if set, by, ok := g.settings(); !ok || by != 2 || set.MaxKeys != 2 {
 		t.Fatalf("restored settings %v from %d (%v)", set, by, ok)
 	}
@@ -656,11 +650,8 @@ func TestFSMRetriedLimitsChangeDoesNotUndoALaterOne(t *testing.T) {
 	if got := limit(f); got != 5 {
 		t.Fatalf("max keys %d after a retried earlier change, want 5", got)
 	}
-	ctx, _ := f.PrepareSnapshot()
 	g := newFSM(0, 2, shard.Config{}, nil)
-	if err := g.RecoverFromSnapshot(bytes.NewReader(ctx.([]byte)), nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	restore(t, g, snapshot(t, f))
 	update(g, enc(noticeLimits, 2.5e9, 2))
 	if got := limit(g); got != 5 {
 		t.Fatalf("restored from a snapshot: max keys %d after an earlier change, want 5", got)
