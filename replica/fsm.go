@@ -109,6 +109,12 @@ type fsm struct {
 	clock      func() int64
 	covers     map[uint64]int64
 	coverPrune int // len(covers) at which setCover next drops what is due
+	// live: this replica has applied an entry of this run of its node, so
+	// what it applies commits while it runs. Entries before that are a
+	// replay of the log at start (or what committed while the node was
+	// down): applied late by the restart, not by their commit, and covered
+	// by the nodes that applied them when they committed.
+	live bool
 }
 
 func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
@@ -198,6 +204,9 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 		return 0, r.err
 	}
 	mine := h.node == f.node && h.inc == f.inc
+	if mine {
+		f.live = true
+	}
 	if h.stamp > f.now {
 		f.now = h.stamp // never back, whatever a node's clock says
 	}
@@ -319,7 +328,7 @@ func (f *fsm) keep(ans []shard.Answer) {
 // cover records how late this replica applied the grants among ans, and
 // forgets the leases released. Under f.mu.
 func (f *fsm) cover(ans []shard.Answer) {
-	if f.clock == nil {
+	if f.clock == nil || !f.live {
 		return
 	}
 	var local int64

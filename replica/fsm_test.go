@@ -47,7 +47,6 @@ func acquire(conn, seq uint64, owner, key string, lease, wait uint64) shard.Comm
 	return shard.Command{Op: shard.OpAcquire, From: shard.Requester{Conn: conn, Seq: seq}, Owner: []byte(owner), Key: []byte(key), LeaseMs: lease, WaitMs: wait}
 }
 
-
 // snapshot is f's replica snapshot, as SaveSnapshot writes it.
 func snapshot(t *testing.T, f *fsm) []byte {
 	t.Helper()
@@ -65,6 +64,7 @@ func restore(t *testing.T, f *fsm, b []byte) {
 		t.Fatal(err)
 	}
 }
+
 // update applies bs as one Update and returns each entry's result.
 func update(t *testing.T, f *fsm, bs ...batch) []uint64 {
 	t.Helper()
@@ -252,7 +252,7 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 	rec := &recorder{}
 	f := newFSM(0, 1, shard.Config{}, rec)
 	var local int64
-	f.skew, f.clock = 500e6, func() int64 { return local }
+	f.skew, f.clock, f.inc = 500e6, func() int64 { return local }, 1 // the batches are this run's
 	c, d := requesterConn(1, 5), requesterConn(1, 6)
 	expiresAt := func(now int64) []string {
 		t.Helper()
@@ -310,6 +310,29 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 	}
 	if got := expiresAt(33.5e9); !slices.Contains(got, "h 4") {
 		t.Fatalf("at 33.5 s: %v expire; want h 4 among them", got)
+	}
+}
+
+// A restarted node replays its log before anything of its new run: those
+// grants are applied late by the restart, not by their commit, and get no
+// cover (else every lease live at a restart would be stretched by the time
+// since its grant whenever this node led). From the node's first entry of
+// this run on, grants applied late are covered.
+func TestFSMReplayAtStartAddsNoCover(t *testing.T) {
+	f := newFSM(0, 1, shard.Config{}, nil)
+	var local int64 = 600e9 // ten minutes after the stamps below
+	f.skew, f.clock, f.inc = 500e6, func() int64 { return local }, 2
+	update(t, f,
+		batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "a", 3_600_000, 0)}},
+		batch{h: header{node: 2, inc: 1, batch: 1, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(1, 2), 1, "o", "b", 3_600_000, 0)}})
+	if len(f.covers) != 0 {
+		t.Fatalf("covers %v for grants replayed at start, want none", f.covers)
+	}
+	update(t, f,
+		batch{h: header{node: 1, inc: 2, floor: noticeHandOver, stamp: 599e9}},
+		batch{h: header{node: 2, inc: 1, batch: 2, stamp: 599e9}, cmds: []shard.Command{acquire(requesterConn(1, 3), 1, "o", "c", 10_000, 0)}})
+	if got := f.covers[3]; got != 599e9+10e9+1e9 {
+		t.Fatalf("a grant applied 1 s late after this run began is covered to %d, want 610 s", got)
 	}
 }
 
