@@ -1119,6 +1119,8 @@ func (n *Node) runTimers(skew int64, expires, waits *[]shard.Command) int64 {
 		f.mu.Lock()
 		held := int64(math.MaxInt64) // the first cover to pass, of leases held back by theirs
 		if first, ok := f.t.NextDeadline(); ok && first <= now {
+			// waits is scratch here: the timers due by the skew, of which
+			// dueExpires keeps the lease ends whose covers have passed too.
 			*waits = f.t.Due(now-skew, (*waits)[:0])
 			*expires, held = f.dueExpires(now, *waits, (*expires)[:0])
 			for i := range *expires {
