@@ -190,7 +190,7 @@ type Node struct {
 
 type nodeStats struct {
 	proposals, retries, failed, expiries atomic.Int64
-	leaderChanges, orphans               atomic.Int64
+	leaderChanges, orphans, lateGrants   atomic.Int64
 	snapshotsReceived                    atomic.Int64
 }
 
@@ -586,7 +586,29 @@ func (n *Node) lost(idx int, conns []uint64) {
 	if len(mine) > 0 {
 		n.log.Warn("answering E unavailable: a snapshot decided queued acquires of this node's connections",
 			zap.Int("shard", idx), zap.Int("connections", len(mine)))
-		n.fail(mine)
+		n.fail(mine, codec.ErrBehind)
+	}
+}
+
+// late implements sink: a grant this node applied too late to answer
+// (fsm.tooLate) is released through the log, and its connection closed
+// with E unavailable after the answers already known: the acquire's outcome
+// is unknown to its client, as after any request that could not be settled
+// in time. Grants for an earlier run of this node are left as deliver
+// leaves its answers.
+func (n *Node) late(idx int, grants []shard.Answer) {
+	var conns []uint64
+	for i := range grants {
+		if a := &grants[i]; a.To.Conn>>connBits == n.inc {
+			n.stats.lateGrants.Add(1)
+			n.Orphaned(a.Token, a.Key)
+			conns = append(conns, a.To.Conn&connMask)
+		}
+	}
+	if len(conns) > 0 {
+		n.log.Warn("answering E unavailable: grants applied too late to answer (a lagging replica, or a late commit), released",
+			zap.Int("shard", idx), zap.Int("grants", len(conns)))
+		n.fail(conns, codec.ErrBehind)
 	}
 }
 
@@ -720,7 +742,7 @@ func (g *group) proposer() {
 				// that commits later is refused below the floor).
 				g.settle(h.batch)
 				if !ok {
-					g.n.fail(conns)
+					g.n.fail(conns, codec.ErrUnavailable)
 				}
 			}()
 		}
@@ -766,7 +788,7 @@ func (g *group) announce() bool {
 	conns := g.conns
 	g.pend, g.pendN, g.conns = g.pend[:0], 0, nil
 	g.mu.Unlock()
-	n.fail(conns)
+	n.fail(conns, codec.ErrUnavailable)
 	return false
 }
 
@@ -1009,14 +1031,14 @@ func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}) (dr
 	}
 }
 
-// fail answers E unavailable to the connections whose requests could not be
-// committed, and closes them.
-func (n *Node) fail(conns []uint64) {
+// fail answers why (an E unavailable) to the connections whose requests
+// could not be settled, and closes them.
+func (n *Node) fail(conns []uint64, why *codec.Error) {
 	srv := n.srv.Load()
 	if srv == nil {
 		return
 	}
-	line := codec.AppendError(nil, codec.ErrUnavailable)
+	line := codec.AppendError(nil, why)
 	seen := make(map[uint64]bool, len(conns))
 	for _, id := range conns {
 		if id == 0 || seen[id] {
@@ -1531,6 +1553,7 @@ type Counters struct {
 	TimerCommands          int64 // Expire and WaitTimeout commands proposed as leader
 	LeaderChanges, Orphans int64
 	SnapshotsReceived      int64
+	LateGrants             int64 // grants applied too late to answer, released
 }
 
 // Counters reads the counters.
@@ -1539,7 +1562,7 @@ func (n *Node) Counters() Counters {
 	return Counters{
 		Proposals: s.proposals.Load(), Retries: s.retries.Load(), Unavailable: s.failed.Load(),
 		TimerCommands: s.expiries.Load(), LeaderChanges: s.leaderChanges.Load(), Orphans: s.orphans.Load(),
-		SnapshotsReceived: s.snapshotsReceived.Load(),
+		SnapshotsReceived: s.snapshotsReceived.Load(), LateGrants: s.lateGrants.Load(),
 	}
 }
 
