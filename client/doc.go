@@ -71,7 +71,8 @@
 // timeout, as a node cut off by the network does not refuse); then the
 // others in turn after the one it lost; last the one it lost and any other
 // whose connection broke in the last 5 s (a cluster node that answered E
-// unavailable has no quorum, or no leader, for some shard). So a connection
+// unavailable has no quorum, or no leader, for some shard, or lags behind
+// it). So a connection
 // that had to move goes back to its own node at its next break, a rolling
 // restart does not leave every connection on one node, and a connection
 // that two nodes fail in turn (a bridge: two nodes cut apart, the third
