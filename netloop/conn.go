@@ -40,7 +40,7 @@ type Conn struct {
 	grants []grant
 	keys   []byte
 	closed bool
-	failed bool // Fail posted its line: it does not post another
+	failed bool // Fail posted its line: nothing is posted after it
 }
 
 type grant struct {
@@ -80,10 +80,11 @@ func (c *Conn) PostGrant(b []byte, token uint64, key []byte) bool {
 
 // PostGrants is Post for n answer lines among which are the grants listed:
 // each is given back through Backend.Orphaned if the connection closes
-// before b is written. It copies b and the keys.
+// before b is written. It copies b and the keys. False, taking nothing,
+// once the connection has closed or failed (Fail).
 func (c *Conn) PostGrants(b []byte, n int, grants []Grant) bool {
 	c.mu.Lock()
-	if c.closed {
+	if c.closed || c.failed {
 		c.mu.Unlock()
 		return false
 	}

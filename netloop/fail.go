@@ -5,13 +5,21 @@ package netloop
 // treat as failed. Safe from any goroutine. gnet runs Wake and Close tasks in
 // the order they were queued, so the line goes out before the close. Only
 // the first call writes: two failures at once (two batches of the
-// connection given up together) must not send two E lines.
+// connection given up together) must not send two E lines. Nothing is
+// posted after the line: the client reads no further, so a grant posted
+// later goes back through Backend.Orphaned instead (PostGrants refuses it).
 func (c *Conn) Fail(line []byte) {
 	c.mu.Lock()
-	first := !c.failed
-	c.failed = true
-	c.mu.Unlock()
-	if first && c.Post(line, 0) {
-		_ = c.gc.Close()
+	if c.failed || c.closed {
+		c.mu.Unlock()
+		return
 	}
+	c.failed = true
+	wake := len(c.mail) == 0
+	c.mail = append(c.mail, line...)
+	c.mu.Unlock()
+	if wake {
+		_ = c.gc.Wake(nil)
+	}
+	_ = c.gc.Close()
 }

@@ -250,12 +250,14 @@ func TestOutputLimitWithinOneReadDoesNotStall(t *testing.T) {
 // the parked loop alone; it counts the wake-ups asked of it.
 type stubConn struct {
 	gnet.Conn
-	ctx   any
-	wakes atomic.Int32
+	ctx    any
+	wakes  atomic.Int32
+	closes atomic.Int32
 }
 
 func (s *stubConn) Context() any                  { return s.ctx }
 func (s *stubConn) Wake(gnet.AsyncCallback) error { s.wakes.Add(1); return nil }
+func (s *stubConn) Close() error                  { s.closes.Add(1); return nil }
 
 func newStubConn(t *testing.T, b Backend) (*handler, *Conn, *stubConn) {
 	t.Helper()
@@ -289,6 +291,31 @@ func TestUndeliveredGrantsReleasedOnClose(t *testing.T) {
 	}
 	if c.PostGrant([]byte("A 15 z k6\n"), 15, []byte("k6")) || c.Post([]byte("T z k6\n"), 1) {
 		t.Fatal("a closed connection took mail")
+	}
+}
+
+// After Fail's E line nothing more is posted: the client reads no further,
+// so a grant decided later must be refused (its poster releases it), not
+// written after the E and counted as delivered.
+func TestNothingPostedAfterFail(t *testing.T) {
+	b := &orphanRecorder{}
+	h, c, gc := newStubConn(t, b)
+	c.inflight = 2
+	c.PostGrant([]byte("A 7 w k1\n"), 7, []byte("k1"))
+	c.Fail([]byte("E unavailable gone\n"))
+	if c.PostGrant([]byte("A 9 v k3\n"), 9, []byte("k3")) || c.Post([]byte("T x k4\n"), 1) {
+		t.Fatal("a failed connection took mail after its E line")
+	}
+	c.Fail([]byte("E unavailable again\n"))
+	if n := gc.closes.Load(); n != 1 {
+		t.Fatalf("closed %d times, want once", n)
+	}
+	if out := c.takeMail(nil); string(out) != "A 7 w k1\nE unavailable gone\n" {
+		t.Fatalf("took %q, want the grant posted before the failure, then one E line", out)
+	}
+	h.OnClose(gc, nil)
+	if len(b.got) != 0 {
+		t.Fatalf("released %v, want nothing (the grant before the E was written)", b.got)
 	}
 }
 
