@@ -49,8 +49,8 @@ type sink interface {
 	// snapshot received no longer holds: their answers were decided in
 	// entries this replica never applied, and will not come.
 	lost(shardIdx int, conns []uint64)
-	// late passes on the grants for this node's connections that this
-	// replica applied too late to answer (fsm.tooLate), after deliver.
+	// late passes on the grants for this node's connections that are too
+	// late to answer (fsm.judge), after deliver.
 	late(shardIdx int, grants []shard.Answer)
 }
 
@@ -82,7 +82,8 @@ type fsm struct {
 	ans     []shard.Answer // scratch
 	cmd     shard.Command  // scratch
 	mine    []shard.Answer // answers for this node, per Update
-	late    []shard.Answer // grants for this node applied too late, per Update
+	mineAt  []int64        // the replicated time each of mine was decided at
+	late    []shard.Answer // grants among mine too late to answer (judge)
 	notices []header       // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
@@ -133,8 +134,15 @@ func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
 
 // Update implements sm.IConcurrentStateMachine.
 func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
+	err := f.apply(ents)
+	f.flush()
+	return ents, err
+}
+
+// apply applies ents and keeps what they decide for this node, for flush.
+func (f *fsm) apply(ents []sm.Entry) error {
 	f.mu.Lock()
-	f.mine = f.mine[:0]
+	f.mine, f.mineAt = f.mine[:0], f.mineAt[:0]
 	f.late = f.late[:0]
 	f.arena = f.arena[:0]
 	f.notices = f.notices[:0]
@@ -153,19 +161,61 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	if moved {
 		f.timersMoved()
 	}
-	if len(f.mine) > 0 && f.out != nil {
+	return err
+}
+
+// flush passes on what apply kept: the answers, but for the grants too late
+// to answer (judge), then those, then the notices.
+func (f *fsm) flush() {
+	if f.out == nil {
+		return
+	}
+	f.judge()
+	if len(f.mine) > 0 {
 		f.out.deliver(f.idx, f.mine)
 	}
-	if len(f.late) > 0 && f.out != nil {
+	if len(f.late) > 0 {
 		f.out.late(f.idx, f.late)
 	}
 	for _, h := range f.notices {
-		if f.out != nil {
-			f.out.notice(f.idx, h.node, h.floor, h.stamp)
-		}
+		f.out.notice(f.idx, h.node, h.floor, h.stamp)
 	}
+}
 
-	return ents, err
+// judge moves the grants in mine that have used more than half the skew
+// since their time on the replicated clock, from which their deadlines
+// count, to late. The clock is read as the answers go out, after the whole
+// Update: a replica that catches up applies many entries in one.
+//
+// A holder counts its lease from its answer, and the leader ends it from
+// the deadline plus the skew, on the leader's clock. The node that answers
+// is the one that knows how late the answer leaves (a follower that
+// lagged, a node that caught up after a partition, an entry that committed
+// late), so it answers no grant that would leave its holder believing in
+// the lease past the Expire while the clocks differ by less than the other
+// half. (What delays the answer after this, on the way to the socket, is
+// not measured: a process stopped there, like a slow network, is what
+// fencing tokens are for.)
+func (f *fsm) judge() {
+	if f.clock == nil {
+		return
+	}
+	var local int64
+	k := 0
+	for i := range f.mine {
+		if a := &f.mine[i]; a.Result == shard.Acquired {
+			if local == 0 {
+				local = f.clock()
+			}
+			if local-f.mineAt[i] > f.skew/2 {
+				f.late = append(f.late, *a)
+				continue
+			}
+		}
+		f.mine[k] = f.mine[i]
+		k++
+	}
+	f.mine = f.mine[:k]
 }
 
 // timersEarlier tells whether the commands just applied set a timer that
@@ -284,9 +334,8 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 			return 0, r.err
 		}
 		f.ans = f.t.Apply(f.now, &f.cmd, f.ans[:0])
-		local := f.grantedAt(f.ans)
-		f.cover(f.ans, local)
-		f.keep(f.ans, local)
+		f.cover(f.ans)
+		f.keep(f.ans)
 	}
 	if len(r.b) != 0 {
 		return 0, errEntry
@@ -322,59 +371,33 @@ func (f *fsm) settingsAt() (settings, uint32, int64, bool) {
 }
 
 // keep copies the answers addressed to this node (their slices point into the
-// entry or the table, both of which move on), the grants among them that
-// are too late to answer apart. local is grantedAt's.
-func (f *fsm) keep(ans []shard.Answer, local int64) {
+// entry or the table, both of which move on), with the replicated time
+// they were decided at.
+func (f *fsm) keep(ans []shard.Answer) {
 	for _, a := range ans {
 		if a.To.Node != f.node || a.To.Conn == 0 {
 			continue
 		}
 		a.Owner = f.copyBytes(a.Owner)
 		a.Key = f.copyBytes(a.Key)
-		if a.Result == shard.Acquired && f.tooLate(local) {
-			f.late = append(f.late, a)
-			continue
-		}
 		f.mine = append(f.mine, a)
+		f.mineAt = append(f.mineAt, f.now)
 	}
-}
-
-// grantedAt returns this node's clock if ans holds a grant and the replica
-// has a clock, else 0: one read per command that grants.
-func (f *fsm) grantedAt(ans []shard.Answer) int64 {
-	if f.clock == nil {
-		return 0
-	}
-	for i := range ans {
-		if ans[i].Result == shard.Acquired {
-			return f.clock()
-		}
-	}
-	return 0
-}
-
-// tooLate tells whether a grant applied at local (grantedAt) has used more
-// than half the skew since its time on the replicated clock, from which
-// its deadline counts. Its holder would count the lease from the answer,
-// and the leader ends it from the deadline (plus the skew, on the
-// leader's clock): the node that answers is the one that knows how late
-// it applied the entry (a follower that lagged, a node that caught up
-// after a partition, an entry that committed late), so it answers no grant
-// that leaves the holder believing in its lease past the Expire while the
-// clocks differ by less than the other half. Under f.mu.
-func (f *fsm) tooLate(local int64) bool {
-	return local != 0 && local-f.now > f.skew/2
 }
 
 // cover records how late this replica applied the grants among ans, and
-// forgets the leases released. local is grantedAt's. Under f.mu.
-func (f *fsm) cover(ans []shard.Answer, local int64) {
+// forgets the leases released. Under f.mu.
+func (f *fsm) cover(ans []shard.Answer) {
 	if f.clock == nil || !f.live {
 		return
 	}
+	var local int64
 	for i := range ans {
 		switch a := &ans[i]; a.Result {
 		case shard.Acquired:
+			if local == 0 {
+				local = f.clock()
+			}
 			if late := local - f.now; late > 0 {
 				f.setCover(a.Token, a.Deadline+late, local)
 			}

@@ -319,8 +319,8 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 	}
 }
 
-// A grant this replica applied more than half the skew after its time on
-// the replicated clock is not answered: it goes to the node as too late (to
+// A grant whose answer would leave more than half the skew after its time
+// on the replicated clock is not answered: it goes to the node as too late (to
 // be released, its connection told the outcome is unknown). Grants for
 // other nodes' connections are theirs to judge.
 func TestFSMAnswersNoGrantAppliedTooLate(t *testing.T) {
@@ -365,6 +365,19 @@ func TestFSMAnswersNoGrantAppliedTooLate(t *testing.T) {
 	at(7e9, header{node: 2, inc: 1, batch: 3, stamp: 7e9}, shard.Command{Op: shard.OpRelease, From: other, Key: []byte("j"), Token: 4})
 	if want := []string{"A v j"}; !slices.Equal(rec.got, want) {
 		t.Fatalf("a hand-over applied on time: %q, want %q", rec.got, want)
+	}
+
+	// Judged as the answers go out, not as the entry applies: a replica
+	// that catches up applies many entries in one Update.
+	rec.got, local = nil, 8e9
+	b := batch{h: header{node: 1, inc: 1, batch: 4, stamp: 8e9}, cmds: []shard.Command{acquire(c, 5, "o", "slow", 10000, 0)}}
+	if err := f.apply([]sm.Entry{{Index: f.applied + 1, Cmd: b.bytes()}}); err != nil {
+		t.Fatal(err)
+	}
+	local = 8.3e9
+	f.flush()
+	if want := []string{"late 7 o slow"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("a grant applied on time whose answer leaves 300ms after its stamp: %q, want %q", rec.got, want)
 	}
 }
 

@@ -548,6 +548,11 @@ func (n *Node) Queued(c *netloop.Conn) int {
 // is released through the log.
 func (n *Node) Orphaned(token uint64, key []byte) {
 	n.stats.orphans.Add(1)
+	n.release(token, key)
+}
+
+// release proposes the release of a grant nobody was told of.
+func (n *Node) release(token uint64, key []byte) {
 	cmd := shard.Command{Op: shard.OpRelease, From: shard.Requester{Node: n.opt.NodeID}, Key: key, Token: token}
 	n.grps[n.shardOf(key)].add(&cmd, 0)
 }
@@ -591,7 +596,7 @@ func (n *Node) lost(idx int, conns []uint64) {
 }
 
 // late implements sink: a grant this node applied too late to answer
-// (fsm.tooLate) is released through the log, and its connection closed
+// (fsm.judge) is released through the log, and its connection closed
 // with E unavailable after the answers already known: the acquire's outcome
 // is unknown to its client, as after any request that could not be settled
 // in time. Grants for an earlier run of this node are left as deliver
@@ -601,7 +606,7 @@ func (n *Node) late(idx int, grants []shard.Answer) {
 	for i := range grants {
 		if a := &grants[i]; a.To.Conn>>connBits == n.inc {
 			n.stats.lateGrants.Add(1)
-			n.Orphaned(a.Token, a.Key)
+			n.release(a.Token, a.Key)
 			conns = append(conns, a.To.Conn&connMask)
 		}
 	}
