@@ -300,6 +300,11 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 				if h.floor == noticeLimits {
 					f.setAt = h.stamp
 				}
+			} else if h.floor == noticeSettings && f.set.skew == 0 && s.skew != 0 && s.shards == f.set.shards && s.limits == f.set.limits {
+				// Settings from an older ticketd, which did not announce
+				// the skew: the first node to announce one with the same
+				// shards and limits fixes it, so later nodes are held to it.
+				f.set.skew = s.skew
 			}
 			return resultApplied, nil
 		}

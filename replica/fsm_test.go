@@ -605,6 +605,20 @@ func TestFSMSettingsCarryTheClockSkew(t *testing.T) {
 	if set, _, _ := h.settings(); set != want {
 		t.Fatalf("a snapshot of version 3 restored %+v, want %+v", set, want)
 	}
+	// The first node to announce a skew with the same shards and limits
+	// fixes it (a node with other limits does not); later ones are held to it.
+	other := changed
+	other.MaxKeys, other.skew = 9, 700e6
+	fifty := changed
+	fifty.skew = 50e6
+	for _, s := range []settings{other, changed, fifty} {
+		if _, err := h.Update([]sm.Entry{notice(noticeSettings, 3e9, s, false)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if set, _, _ := h.settings(); set != changed {
+		t.Fatalf("after nodes announced %s, %s and %s: %+v, want %+v", other, changed, fifty, set, changed)
+	}
 
 	for _, tc := range []struct {
 		a, b settings
