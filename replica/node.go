@@ -611,7 +611,7 @@ func (n *Node) late(idx int, grants []shard.Answer) {
 		}
 	}
 	if len(conns) > 0 {
-		n.log.Warn("answering E unavailable: grants applied too late to answer (a lagging replica, or a late commit), released",
+		n.log.Warn("answering E unavailable: grants too late to answer (a lagging replica, or a late commit), released",
 			zap.Int("shard", idx), zap.Int("grants", len(conns)))
 		n.fail(conns, codec.ErrBehind)
 	}
@@ -1558,7 +1558,7 @@ type Counters struct {
 	TimerCommands          int64 // Expire and WaitTimeout commands proposed as leader
 	LeaderChanges, Orphans int64
 	SnapshotsReceived      int64
-	LateGrants             int64 // grants applied too late to answer, released
+	LateGrants             int64 // grants too late to answer (fsm.judge), released
 }
 
 // Counters reads the counters.
