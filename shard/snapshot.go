@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"math"
 	"slices"
 )
 
@@ -37,7 +38,21 @@ var errNotEmpty = errors.New("shard: ReadSnapshot into a table that is not empty
 
 // WriteSnapshot writes the table's state at this point (keys, holders, deadlines, waiters,
 // counter) to w. The same state always gives the same bytes.
-func (t *Table) WriteSnapshot(w io.Writer) error {
+func (t *Table) WriteSnapshot(w io.Writer) error { return t.WriteSnapshotShifted(w, 0) }
+
+// WriteSnapshotShifted is WriteSnapshot with every time in it (deadlines, wait ends, the
+// grace) moved later by shift (>= 0): for a reader whose clock runs that much ahead of the
+// one the table was kept on, so that each lease keeps the time it had left.
+func (t *Table) WriteSnapshotShifted(w io.Writer, shift int64) error {
+	at := func(v int64) int64 {
+		if v == 0 || shift <= 0 {
+			return v // 0: none
+		}
+		if v > math.MaxInt64-shift {
+			return math.MaxInt64
+		}
+		return v + shift
+	}
 	ents := make([]*entry, 0, t.keys.len())
 	t.keys.each(func(e *entry) {
 		if e.live {
@@ -52,14 +67,14 @@ func (t *Table) WriteSnapshot(w io.Writer) error {
 	b = append(b, snapMagic...)
 	b = append(b, snapVersion)
 	b = binary.AppendUvarint(b, t.last)
-	b = binary.AppendVarint(b, t.maxDeadline)
-	b = binary.AppendVarint(b, t.grace)
+	b = binary.AppendVarint(b, at(t.maxDeadline))
+	b = binary.AppendVarint(b, at(t.grace))
 	b = binary.AppendUvarint(b, t.nextID)
 	b = binary.AppendUvarint(b, uint64(len(ents)))
 	for _, e := range ents {
 		b = appendBytes(b, e.key)
 		b = binary.AppendUvarint(b, e.token)
-		b = binary.AppendVarint(b, e.deadline)
+		b = binary.AppendVarint(b, at(e.deadline))
 		b = binary.AppendUvarint(b, uint64(e.nwait))
 		for w := e.head; w != nil; w = w.next {
 			b = binary.AppendUvarint(b, uint64(w.from.Node))
@@ -67,7 +82,7 @@ func (t *Table) WriteSnapshot(w io.Writer) error {
 			b = binary.AppendUvarint(b, w.from.Seq)
 			b = appendBytes(b, w.owner)
 			b = binary.AppendUvarint(b, w.leaseMs)
-			b = binary.AppendVarint(b, w.wait)
+			b = binary.AppendVarint(b, at(w.wait))
 			b = binary.AppendUvarint(b, w.id)
 		}
 		if len(b) >= 60<<10 {

@@ -109,6 +109,39 @@ func TestBudgetShared(t *testing.T) {
 	}
 }
 
+// A snapshot shifted by d reads back as the table with every time d later:
+// the lease still held at the old deadline, free from the new one, the
+// waiter's wait ending d later too; a grace of 0 (none) stays none.
+func TestSnapshotShifted(t *testing.T) {
+	src := New(Config{})
+	acq(src, 0, 1, 1, "k", 1000, 0)    // lease until 1 s
+	acq(src, 0, 2, 1, "k", 1000, 3000) // waits until 3 s
+	const d = int64(10e9)
+	var buf bytes.Buffer
+	if err := src.WriteSnapshotShifted(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	tb := New(Config{})
+	if err := tb.ReadSnapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if got := tb.MaxDeadline(); got != 1e9+d {
+		t.Fatalf("MaxDeadline %d, want %d", got, int64(1e9)+d)
+	}
+	if tb.Grace() != 0 {
+		t.Fatalf("grace %d, want none", tb.Grace())
+	}
+	if first, ok := tb.NextDeadline(); !ok || first != 1e9+d {
+		t.Fatalf("next deadline %d %v, want %d", first, ok, int64(1e9)+d)
+	}
+	if due := tb.Due(3e9+d-1, nil); len(due) != 1 || due[0].Op != OpExpire {
+		t.Fatalf("due just before the wait's end: %+v, want the lease's end only", due)
+	}
+	if due := tb.Due(3e9+d, nil); len(due) != 2 {
+		t.Fatalf("due at the wait's end: %+v, want the lease's end and the wait's", due)
+	}
+}
+
 func TestSnapshotErrors(t *testing.T) {
 	src := New(Config{})
 	acq(src, 0, 1, 1, "k", 1000, 0)
