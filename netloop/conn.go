@@ -189,7 +189,9 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		}
 	}
 	if len(out) > 0 {
-		_, _ = gc.Write(out)
+		if _, err := gc.Write(out); err != nil {
+			h.unwritten(out)
+		}
 		if s.cfg.Latency != nil {
 			s.cfg.Latency.Observe(time.Since(start).Seconds())
 		}
@@ -213,6 +215,27 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		return c.watch(buf, consumed, len(out) > 0)
 	}
 	return gnet.None
+}
+
+// unwritten gives back the grants among out, answers that a failed write
+// did not send: gnet writes once (level-triggered) and, on an error other
+// than EAGAIN, writes nothing of it and closes the connection, whose
+// OnClose has run by now and found these grants already taken from the
+// mailbox (or never in it: the caller's own answers). Rare: a client that
+// reset its connection while its requests were carried out.
+func (h *handler) unwritten(out []byte) {
+	var a codec.Answer
+	for len(out) > 0 {
+		n, err := codec.ParseAnswer(out, &a)
+		if err != nil || n == 0 {
+			return
+		}
+		if a.Kind == 'A' {
+			h.s.cfg.Backend.Orphaned(a.Token, a.Key)
+			h.s.orphans.Add(1)
+		}
+		out = out[n:]
+	}
 }
 
 // parse reads frames from buf while the connection is within its limits and
