@@ -47,8 +47,12 @@ func newWallClock() *wallClock {
 func (c *wallClock) now() int64 {
 	t := time.Now()
 	n := c.base + int64(t.Sub(c.start))
-	if a := t.UnixNano() - n; a > c.most.Load()+int64(time.Millisecond) {
-		c.most.Store(a) // a step: rare, and only ever larger
+	a := t.UnixNano() - n
+	for m := c.most.Load(); a > m+int64(time.Millisecond); m = c.most.Load() {
+		// A step: rare. Only ever larger, also when two reads race.
+		if c.most.CompareAndSwap(m, a) {
+			break
+		}
 	}
 	return n
 }
