@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"net"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -147,6 +148,35 @@ func TestTimerWakeNotLost(t *testing.T) {
 	w.expect("T w k")
 	g.clock.Advance(5 * time.Second)
 	late.expect("T l k")
+}
+
+// A grant whose answer cannot be written (the client reset its connection
+// while the grant's lease ceiling was being synced) is released: the key is
+// not left held by a token nobody received.
+func TestGrantWhoseWriteFailsIsReleased(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{})
+	c := g.dial()
+	var armed atomic.Bool
+	armed.Store(true)
+	reset := make(chan struct{})
+	g.store.setSaveErr(func(state) error {
+		if armed.CompareAndSwap(true, false) {
+			_ = c.c.(*net.TCPConn).SetLinger(0)
+			_ = c.c.Close()                   // a reset
+			time.Sleep(50 * time.Millisecond) // arrives before the answer is written
+			close(reset)
+		}
+		return nil
+	})
+	c.send("A o k 600000 0") // a lease longer than the ceiling: a synced write
+	select {
+	case <-reset:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the grant did not wait for a synced write: the test did not test that")
+	}
+	c2 := g.dial()
+	c2.send("A p k 1000 3000") // granted, or queued behind o's grant until it is released
+	c2.granted("p", "k")
 }
 
 // A clean shutdown releases a grant that could not be delivered before it
@@ -319,6 +349,37 @@ func TestWallClockStepAheadKeepsTheGrace(t *testing.T) {
 	g2 := startRig(t, dir, rigOpts{clock: next})
 	if end := granted + int64(60*time.Second+step); g2.r.GraceUntil < end {
 		t.Fatalf("grace until %v, before the lease's end on the wall clock %v", time.Duration(g2.r.GraceUntil-granted), time.Duration(end-granted))
+	}
+}
+
+// The same step before a clean stop: the snapshot's deadlines are on the
+// stopped run's clock, and the next run's reads the wall clock, the step
+// ahead. Each lease must keep the time it had left.
+func TestCleanRestartAfterWallClockStepKeepsLeases(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	c := g.dial()
+	granted := g.clock.now()
+	tok := c.acquire("o", "k", 60_000)
+	const step = 30 * time.Second
+	g.clock.stepWall(step)
+	g.clock.Advance(time.Second)
+	if err := g.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	next := newFakeClock(g.clock.now() + int64(step))
+	g2 := startRig(t, dir, rigOpts{clock: next})
+	end := granted + int64(step) + int64(60*time.Second) // the lease's end on the wall clock
+	next.Advance(time.Duration(end - int64(time.Second) - next.now()))
+	c2 := g2.dial()
+	c2.send("A p k 1000 0")
+	if line, _ := c2.read(); line != "T p k" {
+		t.Fatalf("a second before the lease's end on the wall clock: %q, want T p k", line)
+	}
+	next.Advance(time.Second)
+	if got := c2.acquire("p", "k", 1000); got <= tok {
+		t.Fatalf("token %d after the lease ended, not above %d", got, tok)
 	}
 }
 
