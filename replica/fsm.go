@@ -49,9 +49,6 @@ type sink interface {
 	// snapshot received no longer holds: their answers were decided in
 	// entries this replica never applied, and will not come.
 	lost(shardIdx int, conns []uint64)
-	// late passes on the grants for this node's connections that are too
-	// late to answer (fsm.judge), after deliver.
-	late(shardIdx int, grants []shard.Answer)
 }
 
 // fsm is one replica of one shard: a shard.Table in Replicated mode plus
@@ -82,8 +79,6 @@ type fsm struct {
 	ans     []shard.Answer // scratch
 	cmd     shard.Command  // scratch
 	mine    []shard.Answer // answers for this node, per Update
-	mineAt  []int64        // the replicated time each of mine was decided at
-	late    []shard.Answer // grants among mine too late to answer (judge)
 	notices []header       // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
@@ -134,16 +129,8 @@ func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
 
 // Update implements sm.IConcurrentStateMachine.
 func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
-	err := f.apply(ents)
-	f.flush()
-	return ents, err
-}
-
-// apply applies ents and keeps what they decide for this node, for flush.
-func (f *fsm) apply(ents []sm.Entry) error {
 	f.mu.Lock()
-	f.mine, f.mineAt = f.mine[:0], f.mineAt[:0]
-	f.late = f.late[:0]
+	f.mine = f.mine[:0]
 	f.arena = f.arena[:0]
 	f.notices = f.notices[:0]
 	var err error
@@ -161,61 +148,16 @@ func (f *fsm) apply(ents []sm.Entry) error {
 	if moved {
 		f.timersMoved()
 	}
-	return err
-}
-
-// flush passes on what apply kept: the answers, but for the grants too late
-// to answer (judge), then those, then the notices.
-func (f *fsm) flush() {
-	if f.out == nil {
-		return
-	}
-	f.judge()
-	if len(f.mine) > 0 {
+	if len(f.mine) > 0 && f.out != nil {
 		f.out.deliver(f.idx, f.mine)
 	}
-	if len(f.late) > 0 {
-		f.out.late(f.idx, f.late)
-	}
 	for _, h := range f.notices {
-		f.out.notice(f.idx, h.node, h.floor, h.stamp)
-	}
-}
-
-// judge moves the grants in mine that have used more than half the skew
-// since their time on the replicated clock, from which their deadlines
-// count, to late. The clock is read as the answers go out, after the whole
-// Update: a replica that catches up applies many entries in one.
-//
-// A holder counts its lease from its answer, and the leader ends it from
-// the deadline plus the skew, on the leader's clock. The node that answers
-// is the one that knows how late the answer leaves (a follower that
-// lagged, a node that caught up after a partition, an entry that committed
-// late), so it answers no grant that would leave its holder believing in
-// the lease past the Expire while the clocks differ by less than the other
-// half. (What delays the answer after this, on the way to the socket, is
-// not measured: a process stopped there, like a slow network, is what
-// fencing tokens are for.)
-func (f *fsm) judge() {
-	if f.clock == nil {
-		return
-	}
-	var local int64
-	k := 0
-	for i := range f.mine {
-		if a := &f.mine[i]; a.Result == shard.Acquired {
-			if local == 0 {
-				local = f.clock()
-			}
-			if local-f.mineAt[i] > f.skew/2 {
-				f.late = append(f.late, *a)
-				continue
-			}
+		if f.out != nil {
+			f.out.notice(f.idx, h.node, h.floor, h.stamp)
 		}
-		f.mine[k] = f.mine[i]
-		k++
 	}
-	f.mine = f.mine[:k]
+
+	return ents, err
 }
 
 // timersEarlier tells whether the commands just applied set a timer that
@@ -376,8 +318,7 @@ func (f *fsm) settingsAt() (settings, uint32, int64, bool) {
 }
 
 // keep copies the answers addressed to this node (their slices point into the
-// entry or the table, both of which move on), with the replicated time
-// they were decided at.
+// entry or the table, both of which move on).
 func (f *fsm) keep(ans []shard.Answer) {
 	for _, a := range ans {
 		if a.To.Node != f.node || a.To.Conn == 0 {
@@ -386,7 +327,6 @@ func (f *fsm) keep(ans []shard.Answer) {
 		a.Owner = f.copyBytes(a.Owner)
 		a.Key = f.copyBytes(a.Key)
 		f.mine = append(f.mine, a)
-		f.mineAt = append(f.mineAt, f.now)
 	}
 }
 

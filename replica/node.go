@@ -190,7 +190,7 @@ type Node struct {
 
 type nodeStats struct {
 	proposals, retries, failed, expiries atomic.Int64
-	leaderChanges, orphans, lateGrants   atomic.Int64
+	leaderChanges, orphans               atomic.Int64
 	snapshotsReceived                    atomic.Int64
 }
 
@@ -548,11 +548,6 @@ func (n *Node) Queued(c *netloop.Conn) int {
 // is released through the log.
 func (n *Node) Orphaned(token uint64, key []byte) {
 	n.stats.orphans.Add(1)
-	n.release(token, key)
-}
-
-// release proposes the release of a grant nobody was told of.
-func (n *Node) release(token uint64, key []byte) {
 	cmd := shard.Command{Op: shard.OpRelease, From: shard.Requester{Node: n.opt.NodeID}, Key: key, Token: token}
 	n.grps[n.shardOf(key)].add(&cmd, 0)
 }
@@ -592,28 +587,6 @@ func (n *Node) lost(idx int, conns []uint64) {
 		n.log.Warn("answering E unavailable: a snapshot decided queued acquires of this node's connections",
 			zap.Int("shard", idx), zap.Int("connections", len(mine)))
 		n.fail(mine, codec.ErrBehind)
-	}
-}
-
-// late implements sink: a grant this node applied too late to answer
-// (fsm.judge) is released through the log, and its connection closed
-// with E unavailable after the answers already known: the acquire's outcome
-// is unknown to its client, as after any request that could not be settled
-// in time. Grants for an earlier run of this node are left as deliver
-// leaves its answers.
-func (n *Node) late(idx int, grants []shard.Answer) {
-	var conns []uint64
-	for i := range grants {
-		if a := &grants[i]; a.To.Conn>>connBits == n.inc {
-			n.stats.lateGrants.Add(1)
-			n.release(a.Token, a.Key)
-			conns = append(conns, a.To.Conn&connMask)
-		}
-	}
-	if len(conns) > 0 {
-		n.log.Warn("answering E unavailable: grants too late to answer (a lagging replica, or a late commit), released",
-			zap.Int("shard", idx), zap.Int("grants", len(conns)))
-		n.fail(conns, codec.ErrBehind)
 	}
 }
 
@@ -1558,7 +1531,6 @@ type Counters struct {
 	TimerCommands          int64 // Expire and WaitTimeout commands proposed as leader
 	LeaderChanges, Orphans int64
 	SnapshotsReceived      int64
-	LateGrants             int64 // grants too late to answer (fsm.judge), released
 }
 
 // Counters reads the counters.
@@ -1567,7 +1539,7 @@ func (n *Node) Counters() Counters {
 	return Counters{
 		Proposals: s.proposals.Load(), Retries: s.retries.Load(), Unavailable: s.failed.Load(),
 		TimerCommands: s.expiries.Load(), LeaderChanges: s.leaderChanges.Load(), Orphans: s.orphans.Load(),
-		SnapshotsReceived: s.snapshotsReceived.Load(), LateGrants: s.lateGrants.Load(),
+		SnapshotsReceived: s.snapshotsReceived.Load(),
 	}
 }
 
