@@ -112,8 +112,8 @@ func (s *suite) steady(ctx context.Context) error {
 func (s *suite) steadyEqualLoad(ctx context.Context, rep *SteadyReport) error {
 	var pair []SteadySetup
 	for _, role := range []SteadyRole{RoleDefault, RolePeer} {
-		if i := slices.IndexFunc(rep.Setups, func(st SteadySetup) bool { return st.Role == role }); i >= 0 {
-			pair = append(pair, rep.Setups[i])
+		if st, ok := rep.setup(role); ok {
+			pair = append(pair, st)
 		}
 	}
 	def, ok1 := rep.roleStat(RoleDefault, 1)
@@ -226,12 +226,18 @@ type SteadyStat struct {
 
 // roleStat is stat for the set-up that plays role.
 func (r *SteadyReport) roleStat(role SteadyRole, depth int) (SteadyStat, bool) {
-	for _, st := range r.Setups {
-		if st.Role == role {
-			return r.stat(st.Name, depth)
-		}
+	if st, ok := r.setup(role); ok {
+		return r.stat(st.Name, depth)
 	}
 	return SteadyStat{}, false
+}
+
+// setup is the set-up that plays role, if one ran.
+func (r *SteadyReport) setup(role SteadyRole) (SteadySetup, bool) {
+	if i := slices.IndexFunc(r.Setups, func(st SteadySetup) bool { return st.Role == role }); i >= 0 {
+		return r.Setups[i], true
+	}
+	return SteadySetup{}, false
 }
 
 func (r *SteadyReport) stat(setup string, depth int) (st SteadyStat, ok bool) {
@@ -355,13 +361,13 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 
 // equalP99 is the median p99 of role's equal-load runs, and their count.
 func (r *SteadyReport) equalP99(role SteadyRole) (time.Duration, int) {
-	i := slices.IndexFunc(r.Setups, func(st SteadySetup) bool { return st.Role == role })
-	if i < 0 {
+	st, ok := r.setup(role)
+	if !ok {
 		return 0, 0
 	}
 	var p99 []time.Duration
 	for _, x := range r.EqualRuns {
-		if x.Setup == r.Setups[i].Name {
+		if x.Setup == st.Name {
 			p99 = append(p99, x.P99)
 		}
 	}

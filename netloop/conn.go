@@ -83,11 +83,17 @@ func (c *Conn) PostGrant(b []byte, token uint64, key []byte) bool {
 // before b is written. It copies b and the keys. False, taking nothing,
 // once the connection has closed or failed (Fail).
 func (c *Conn) PostGrants(b []byte, n int, grants []Grant) bool {
+	return c.post(b, n, grants, false)
+}
+
+// post is PostGrants; last marks Fail's line, after which nothing is taken.
+func (c *Conn) post(b []byte, n int, grants []Grant, last bool) bool {
 	c.mu.Lock()
 	if c.closed || c.failed {
 		c.mu.Unlock()
 		return false
 	}
+	c.failed = last
 	wake := len(c.mail) == 0
 	c.mail = append(c.mail, b...)
 	c.mailN += n

@@ -9,17 +9,7 @@ package netloop
 // posted after the line: the client reads no further, so a grant posted
 // later goes back through Backend.Orphaned instead (PostGrants refuses it).
 func (c *Conn) Fail(line []byte) {
-	c.mu.Lock()
-	if c.failed || c.closed {
-		c.mu.Unlock()
-		return
+	if c.post(line, 0, nil, true) {
+		_ = c.gc.Close()
 	}
-	c.failed = true
-	wake := len(c.mail) == 0
-	c.mail = append(c.mail, line...)
-	c.mu.Unlock()
-	if wake {
-		_ = c.gc.Wake(nil)
-	}
-	_ = c.gc.Close()
 }
