@@ -24,9 +24,15 @@ const (
 	OpWaitTimeout                 // From (the waiter), Key: its wait ends with T; already answered: no-op
 	OpWithdraw                    // From.Node+From.Conn: drop every queued acquire of that connection, no answers
 	OpWithdrawBelow               // From.Node+From.Conn: drop every queued acquire of node From.Node whose Conn < From.Conn (an earlier incarnation of that node), no answers
+	// OpRenew is From, Owner, Key, Token, LeaseMs, WaitMs (Replicated only): the grant of Token
+	// to From is answered anew, its lease running LeaseMs+WaitMs from now if that ends later
+	// (cluster: a node that applied the grant too late to answer it counts the lease again from
+	// about its answer, WaitMs being the time it allows for the renewal to come back). A to
+	// From, or T if Token no longer holds Key (its lease ended before anyone heard of it).
+	OpRenew
 )
 
-var opNames = [...]string{"", "acquire", "release", "expire", "wait-timeout", "withdraw", "withdraw-below"}
+var opNames = [...]string{"", "acquire", "release", "expire", "wait-timeout", "withdraw", "withdraw-below", "renew"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) && o != 0 {
@@ -109,6 +115,7 @@ type Stats struct {
 	NotReleased uint64 // N answers
 	Swept       uint64 // expired keys deleted by Sweep
 	Withdrawn   uint64 // queued acquires dropped by OpWithdraw
+	Renewals    uint64 // grants answered anew by OpRenew (T ones included)
 }
 
 // Add sums o into s (the tables of one server); LastToken takes the maximum.
@@ -125,6 +132,7 @@ func (s *Stats) Add(o Stats) {
 	s.NotReleased += o.NotReleased
 	s.Swept += o.Swept
 	s.Withdrawn += o.Withdrawn
+	s.Renewals += o.Renewals
 }
 
 // entry is a registered key (held or grace-held, maybe with waiters). live is false only
@@ -226,6 +234,10 @@ func (t *Table) Apply(now int64, c *Command, out []Answer) []Answer {
 	case OpWithdrawBelow:
 		t.withdrawBelow(c.From)
 		return out
+	case OpRenew:
+		if t.cfg.Replicated {
+			return t.renew(now, c, out)
+		}
 	}
 	panic("shard: unknown Op " + c.Op.String())
 }
@@ -305,6 +317,25 @@ func (t *Table) expire(now int64, c *Command, out []Answer) []Answer {
 	if out, ok = t.handOver(e, now, out); !ok {
 		t.unregister(e)
 	}
+	return out
+}
+
+// renew answers a grant again, with its lease moved later if that is what
+// LeaseMs+WaitMs from now gives. Neither the queue nor the token changes:
+// the holder is the same, only told later.
+func (t *Table) renew(now int64, c *Command, out []Answer) []Answer {
+	t.st.Renewals++
+	e := t.keys.get(c.Key)
+	if e == nil || e.token == 0 || e.token != c.Token {
+		return t.refuse(out, c, TimedOut)
+	}
+	if d := addMs(now, c.LeaseMs+c.WaitMs); d > e.deadline {
+		e.deadline = d
+		t.maxDeadline = max(t.maxDeadline, d)
+		t.syncLease(e)
+	}
+	out, a := push(out)
+	a.To, a.Result, a.Token, a.Owner, a.Key, a.Deadline = c.From, Acquired, e.token, c.Owner, e.key, e.deadline
 	return out
 }
 

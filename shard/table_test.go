@@ -433,3 +433,45 @@ func TestWaitingListsOneNodesWaitersInArrivalOrder(t *testing.T) {
 		t.Fatalf("WaitingConns(1) after the withdrawals = %v", conns)
 	}
 }
+
+// TestRenew: a renewal answers the same grant again, moves the lease later
+// (never earlier) and its timer with it, and answers T once the token no
+// longer holds the key; single mode has no renewals.
+func TestRenew(t *testing.T) {
+	tb := New(Config{Replicated: true})
+	renew := func(now int64, tok, leaseMs, allowMs uint64) []Answer {
+		c := Command{Op: OpRenew, From: Requester{Node: 2, Conn: 7, Seq: 3}, Owner: []byte("w"), Key: []byte("k"), Token: tok, LeaseMs: leaseMs, WaitMs: allowMs}
+		return tb.Apply(now, &c, nil)
+	}
+	tok := acq(tb, 0, 1, 1, "k", 1000, 0)[0].Token
+	a := renew(600e6, tok, 1000, 100)
+	if len(a) != 1 || a[0].Result != Acquired || a[0].Token != tok || string(a[0].Owner) != "w" || string(a[0].Key) != "k" ||
+		a[0].To != (Requester{Node: 2, Conn: 7, Seq: 3}) || a[0].Deadline != 1700e6 {
+		t.Fatalf("renewal answered %+v", a)
+	}
+	if d := tb.Due(1699e6, nil); len(d) != 0 {
+		t.Fatalf("lease due before its renewed end: %+v", d)
+	}
+	if d := tb.Due(1700e6, nil); len(d) != 1 || d[0].Op != OpExpire || d[0].Token != tok {
+		t.Fatalf("renewed lease not due at its end: %+v", d)
+	}
+	if a := renew(100e6, tok, 1000, 0); a[0].Deadline != 1700e6 || tb.MaxDeadline() != 1700e6 {
+		t.Fatalf("a renewal moved the lease earlier: %+v", a)
+	}
+	if a := renew(0, tok+1, 1000, 0); len(a) != 1 || a[0].Result != TimedOut || string(a[0].Owner) != "w" {
+		t.Fatalf("renewal of a token that does not hold: %+v", a)
+	}
+	rel(tb, 0, "k", tok)
+	if a := renew(0, tok, 1000, 0); len(a) != 1 || a[0].Result != TimedOut {
+		t.Fatalf("renewal after the release: %+v", a)
+	}
+	if s := tb.Stats(); s.Renewals != 4 || s.Grants != 1 || s.Keys != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("single mode applied a renewal")
+		}
+	}()
+	New(Config{}).Apply(0, &Command{Op: OpRenew, Key: []byte("k")}, nil)
+}
