@@ -281,6 +281,42 @@ func TestClusterPauseLeader(t *testing.T) {
 	c.agree()
 }
 
+// A node that applies a hand-over late (here: paused while the release
+// commits on the other two) must not answer it at once: its holder counts
+// the lease from the answer, and the leader would end it from the release's
+// time. It renews the grant through the log and answers once the renewal is
+// back, so nobody else gets the key within the lease after that answer.
+func TestClusterLaggingNodeRenewsALateGrant(t *testing.T) {
+	c := startCluster(t)
+	lead := c.leader() // of shard 0, which key "hot0" is on with 4 shards
+	lag := (lead + 1) % 3
+	h, w, x := c.dial(lead), c.dial(lag), c.dial((lead+2)%3)
+	tok := h.acquire("h", "hot0", 10000, 0)
+	w.send(acq("w", "hot0", 1000, 30000))
+	w.sync("hot0") // queued, and applied on the lagging node
+
+	c.signal(lag, syscall.SIGSTOP)
+	h.release(tok, "hot0")
+	time.Sleep(700 * time.Millisecond) // past half the skew (500ms), within the 800ms a node waits without a leader
+	c.signal(lag, syscall.SIGCONT)
+
+	if got := w.expectAcquired("w", "hot0"); got != tok+1 {
+		t.Fatalf("w got token %d, want the hand-over's %d", got, tok+1)
+	}
+	answered := time.Now()
+	x.send(acq("x", "hot0", 10000, 30000))
+	if got := x.expectAcquired("x", "hot0"); got != tok+2 {
+		t.Fatalf("x got token %d, want %d", got, tok+2)
+	}
+	if d := time.Since(answered); d < time.Second {
+		t.Fatalf("x got the key %v after w heard of its grant, within w's lease of 1s", d)
+	}
+	if v, err := c.nodes[lag].metric("ticketd_late_grants_renewed_total"); err != nil || v != 1 {
+		t.Fatalf("late grants renewed on the lagging node: %v (%v), want 1", v, err)
+	}
+	c.agree()
+}
+
 func TestClusterLaggingNodeCatchesUp(t *testing.T) {
 	c := startCluster(t, "--raft-snapshot-entries", "50")
 	c.nodes[2].stop()

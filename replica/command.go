@@ -40,6 +40,7 @@ import (
 //	expire        key token
 //	wait-timeout  node conn seq key
 //	withdraw      conn
+//	renew         conn seq owner key token leaseMs allowMs
 //
 // Byte strings are a uvarint length and the bytes. Requests carry the
 // proposer's node id implicitly: From.Node of an acquire, release or withdraw
@@ -141,6 +142,14 @@ func appendCommand(b []byte, c *shard.Command) []byte {
 		b = appendBytes(b, c.Key)
 	case shard.OpWithdraw:
 		b = binary.AppendUvarint(b, c.From.Conn)
+	case shard.OpRenew:
+		b = binary.AppendUvarint(b, c.From.Conn)
+		b = binary.AppendUvarint(b, c.From.Seq)
+		b = appendBytes(b, c.Owner)
+		b = appendBytes(b, c.Key)
+		b = binary.AppendUvarint(b, c.Token)
+		b = binary.AppendUvarint(b, c.LeaseMs)
+		b = binary.AppendUvarint(b, c.WaitMs)
 	default:
 		panic("replica: cannot encode " + c.Op.String())
 	}
@@ -271,6 +280,13 @@ func (r *reader) command(node uint32, c *shard.Command) {
 		c.Key = r.bytes()
 	case shard.OpWithdraw:
 		c.From = shard.Requester{Node: node, Conn: r.uvarint()}
+	case shard.OpRenew:
+		c.From = shard.Requester{Node: node, Conn: r.uvarint(), Seq: r.uvarint()}
+		c.Owner = r.bytes()
+		c.Key = r.bytes()
+		c.Token = r.uvarint()
+		c.LeaseMs = r.uvarint()
+		c.WaitMs = r.uvarint()
 	default:
 		if r.err == nil {
 			r.err = errEntry

@@ -45,6 +45,9 @@ type sink interface {
 	// notice passes on a notice of the hand-over protocol (noticeHandOver
 	// or noticeDrained) from node, stamped on its clock.
 	notice(shardIdx int, node uint32, kind uint64, stamp int64)
+	// renew passes on the renewals of grants this replica applied too
+	// late to answer (fsm.late), for this node to propose.
+	renew(shardIdx int, cmds []shard.Command)
 	// lost names this node's connections that had acquires queued which a
 	// snapshot received no longer holds: their answers were decided in
 	// entries this replica never applied, and will not come.
@@ -74,12 +77,13 @@ type fsm struct {
 	set     *settings
 	setBy   uint32
 	setAt   int64
-	applied uint64         // last applied log index (not state: Dragonboat keeps it)
-	refused uint64         // batches refused as stale (not state)
-	ans     []shard.Answer // scratch
-	cmd     shard.Command  // scratch
-	mine    []shard.Answer // answers for this node, per Update
-	notices []header       // hand-over notices applied, per Update
+	applied uint64          // last applied log index (not state: Dragonboat keeps it)
+	refused uint64          // batches refused as stale (not state)
+	ans     []shard.Answer  // scratch
+	cmd     shard.Command   // scratch
+	mine    []shard.Answer  // answers for this node, per Update
+	renews  []shard.Command // renewals of this node's late grants, per Update
+	notices []header        // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
 	// here (not state).
@@ -131,6 +135,7 @@ func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
 func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.mu.Lock()
 	f.mine = f.mine[:0]
+	f.renews = f.renews[:0]
 	f.arena = f.arena[:0]
 	f.notices = f.notices[:0]
 	var err error
@@ -150,6 +155,9 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	}
 	if len(f.mine) > 0 && f.out != nil {
 		f.out.deliver(f.idx, f.mine)
+	}
+	if len(f.renews) > 0 && f.out != nil {
+		f.out.renew(f.idx, f.renews)
 	}
 	for _, h := range f.notices {
 		if f.out != nil {
@@ -318,16 +326,57 @@ func (f *fsm) settingsAt() (settings, uint32, int64, bool) {
 }
 
 // keep copies the answers addressed to this node (their slices point into the
-// entry or the table, both of which move on).
+// entry or the table, both of which move on), and turns the grants among
+// them that came too late to answer into renewals (see late). f.cmd is the
+// command that decided them.
 func (f *fsm) keep(ans []shard.Answer) {
+	var local int64
 	for _, a := range ans {
 		if a.To.Node != f.node || a.To.Conn == 0 {
 			continue
 		}
 		a.Owner = f.copyBytes(a.Owner)
 		a.Key = f.copyBytes(a.Key)
+		if a.Result == shard.Acquired && f.clock != nil && f.skew > 0 && f.live && a.To.Conn>>connBits == f.inc {
+			if local == 0 {
+				local = f.clock()
+			}
+			if r, late := f.late(&a, local); late {
+				f.renews = append(f.renews, r)
+				continue
+			}
+		}
 		f.mine = append(f.mine, a)
 	}
+}
+
+// late tells whether the grant a, applied here at local on this node's
+// clock, comes too late to answer, and if so returns its renewal.
+//
+// The holder counts its lease from about the answer; the leader ends it
+// skew after its deadline on its own clock, and the deadline counts from
+// the replicated time f.now. An answer more than half the skew after f.now
+// would leave the holder believing in its lease past the Expire once the
+// clocks differ by the other half. The leader's covers cannot help: a
+// follower that answers may apply the grant later than the leader did. So
+// the grant is answered only when a renewal has moved its lease to count
+// from about then: the renewal, stamped when proposed, runs the lease plus
+// the lateness seen now (allowMs, the time it allows itself to come back)
+// and is answered if it came back within that and half the skew, else
+// renewed again with the longer allowance. A renewal costs one more commit,
+// only for grants applied late, and never refuses one; the holder's key
+// stays held up to allowMs past the lease it believes in.
+func (f *fsm) late(a *shard.Answer, local int64) (shard.Command, bool) {
+	lease, allow := uint64(a.Deadline-f.now)/1e6, int64(0)
+	if f.cmd.Op == shard.OpRenew {
+		lease, allow = f.cmd.LeaseMs, int64(f.cmd.WaitMs)*1e6
+	}
+	late := local - f.now
+	if late <= allow+f.skew/2 {
+		return shard.Command{}, false
+	}
+	return shard.Command{Op: shard.OpRenew, From: a.To, Owner: a.Owner, Key: a.Key, Token: a.Token,
+		LeaseMs: lease, WaitMs: uint64((late + 1e6 - 1) / 1e6)}, true
 }
 
 // cover records how late this replica applied the grants among ans, and

@@ -25,6 +25,12 @@ func (r *recorder) notice(_ int, node uint32, kind uint64, _ int64) {
 	r.got = append(r.got, fmt.Sprintf("notice %d from %d", kind, node))
 }
 
+func (r *recorder) renew(_ int, cmds []shard.Command) {
+	for _, c := range cmds {
+		r.got = append(r.got, fmt.Sprintf("renew %d %s %s lease %d allow %d", c.Token, c.Owner, c.Key, c.LeaseMs, c.WaitMs))
+	}
+}
+
 func (r *recorder) lost(_ int, conns []uint64) {
 	r.got = append(r.got, fmt.Sprintf("lost %v", conns))
 }
@@ -296,8 +302,8 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 	local = 23e9
 	update(t, f, batch{h: header{node: 1, inc: 1, batch: 4, stamp: 21e9}, cmds: []shard.Command{
 		{Op: shard.OpRelease, From: shard.Requester{Conn: c, Seq: 4}, Key: []byte("h"), Token: 3}}})
-	if last := rec.got[len(rec.got)-1]; last != "A p h" {
-		t.Fatalf("the release handed over as %q", last)
+	if last := rec.got[len(rec.got)-1]; last != "renew 4 p h lease 10000 allow 2000" {
+		t.Fatalf("the release handed over as %q, want a renewal (applied 2 s late)", last)
 	}
 	if _, ok := f.covers[3]; ok {
 		t.Fatal("the released lease kept its cover")
@@ -310,6 +316,78 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 	}
 	if got := expiresAt(33.5e9); !slices.Contains(got, "h 4") {
 		t.Fatalf("at 33.5 s: %v expire; want h 4 among them", got)
+	}
+}
+
+// A grant this replica applies more than half the skew after the time its
+// lease counts from is not answered but renewed (fsm.late); the renewal is
+// answered if it comes back within the lateness it allows itself and half
+// the skew, else renewed again, and once the token no longer holds it is
+// answered T. Grants for other nodes, or for an earlier run of this one, are
+// never renewed here.
+func TestFSMRenewsAGrantAppliedLate(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	var local int64
+	f.skew, f.clock, f.inc = 500e6, func() int64 { return local }, 1
+	c := requesterConn(1, 5)
+	dueAt := func(now int64, key string) bool {
+		for _, d := range f.t.Due(now, nil) {
+			if string(d.Key) == key {
+				return true
+			}
+		}
+		return false
+	}
+	renewal := func(id uint64, stamp int64, tok uint64, key string, allowMs uint64) batch {
+		return batch{h: header{node: 1, inc: 1, batch: id, stamp: stamp}, cmds: []shard.Command{
+			{Op: shard.OpRenew, From: shard.Requester{Conn: c, Seq: tok}, Owner: []byte("o"), Key: []byte(key), Token: tok, LeaseMs: 10000, WaitMs: allowMs}}}
+	}
+
+	local = 1.25e9 // exactly half the skew late: answered
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(c, 1, "o", "a", 10000, 0)}})
+	local = 2.3e9 // 300 ms late: renewed, allowing itself those 300 ms
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 2, stamp: 2e9}, cmds: []shard.Command{acquire(c, 2, "o", "b", 10000, 0)}})
+	if want := []string{"A o a", "renew 2 o b lease 10000 allow 300"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("got %q, want %q", rec.got, want)
+	}
+
+	// Back 550 ms after its stamp (300 allowed + 250): answered, the lease
+	// running 10.3 s from the renewal's stamp.
+	rec.got = nil
+	local = 3.55e9
+	update(t, f, renewal(3, 3e9, 2, "b", 300))
+	if want := []string{"A o b"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("got %q, want %q", rec.got, want)
+	}
+	if dueAt(13.3e9-1, "b") || !dueAt(13.3e9, "b") {
+		t.Fatal("the renewed lease does not end at 13.3 s")
+	}
+	// Back later than that: renewed again, allowing the 700 ms it took.
+	rec.got = nil
+	local = 4.7e9
+	update(t, f, renewal(4, 4e9, 2, "b", 300))
+	if want := []string{"renew 2 o b lease 10000 allow 700"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("got %q, want %q", rec.got, want)
+	}
+	// A renewal of a lease that ended before it applied is answered T.
+	rec.got = nil
+	update(t, f, batch{h: header{node: 2, inc: 1, stamp: 5e9}, cmds: []shard.Command{{Op: shard.OpExpire, Key: []byte("b"), Token: 2}}})
+	local = 5.1e9
+	update(t, f, renewal(5, 5e9, 2, "b", 700))
+	if want := []string{"T o b"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("got %q, want %q", rec.got, want)
+	}
+
+	// Late grants for another node, or for an earlier run of this one, are
+	// not this replica's to renew.
+	rec.got = nil
+	local = 9e9
+	update(t, f,
+		batch{h: header{node: 2, inc: 1, batch: 1, stamp: 6e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "c", 10000, 0)}},
+		batch{h: header{node: 1, inc: 1, batch: 6, stamp: 6e9}, cmds: []shard.Command{acquire(requesterConn(0, 1), 1, "o", "d", 10000, 0)}})
+	if len(rec.got) != 1 || rec.got[0] != "A o d" {
+		t.Fatalf("got %q, want only the earlier run's answer (dropped by the node)", rec.got)
 	}
 }
 

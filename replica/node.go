@@ -190,7 +190,7 @@ type Node struct {
 
 type nodeStats struct {
 	proposals, retries, failed, expiries atomic.Int64
-	leaderChanges, orphans               atomic.Int64
+	leaderChanges, orphans, renewals     atomic.Int64
 	snapshotsReceived                    atomic.Int64
 }
 
@@ -572,6 +572,17 @@ func (n *Node) deliver(idx int, ans []shard.Answer) {
 }
 
 func (n *Node) orphaned(gr netloop.Grant) { n.Orphaned(gr.Token, gr.Key) }
+
+// renew implements sink: it proposes the renewals of grants this replica
+// applied too late to answer (fsm.late). Each is answered when it applies;
+// if it is given up, its connection hears E unavailable as for any request.
+func (n *Node) renew(idx int, cmds []shard.Command) {
+	g := n.grps[idx]
+	n.stats.renewals.Add(int64(len(cmds)))
+	for i := range cmds {
+		g.add(&cmds[i], cmds[i].From.Conn&connMask)
+	}
+}
 
 // lost closes with E unavailable this run's connections whose queued
 // acquires a snapshot decided (fsm.lost): granted or timed out, which this
@@ -1531,6 +1542,7 @@ type Counters struct {
 	TimerCommands          int64 // Expire and WaitTimeout commands proposed as leader
 	LeaderChanges, Orphans int64
 	SnapshotsReceived      int64
+	Renewals               int64 // grants applied too late to answer, renewed (fsm.late)
 }
 
 // Counters reads the counters.
@@ -1539,7 +1551,7 @@ func (n *Node) Counters() Counters {
 	return Counters{
 		Proposals: s.proposals.Load(), Retries: s.retries.Load(), Unavailable: s.failed.Load(),
 		TimerCommands: s.expiries.Load(), LeaderChanges: s.leaderChanges.Load(), Orphans: s.orphans.Load(),
-		SnapshotsReceived: s.snapshotsReceived.Load(),
+		SnapshotsReceived: s.snapshotsReceived.Load(), Renewals: s.renewals.Load(),
 	}
 }
 
