@@ -43,9 +43,11 @@ type Lock struct {
 	// may have waited in the queue it counts from the answer's arrival less
 	// the last round trip measured (and not before the send): an estimate,
 	// later than the grant only if this answer took longer than that round
-	// trip to be read (a retransmission, a stalled process). It carries a
-	// monotonic clock reading, so time.Until(Deadline) is immune to wall
-	// clock changes. The server's clock rate can still differ a little from
+	// trip to be read (a retransmission, a stalled process); a cluster node
+	// that applied the grant late renews it before answering, so this holds
+	// while the nodes' clocks differ by less than half --max-clock-skew. It
+	// carries a monotonic clock reading, so time.Until(Deadline) is immune
+	// to wall clock changes. The server's clock rate can still differ a little from
 	// the local one: keep a margin.
 	Deadline time.Time
 
