@@ -116,9 +116,10 @@ var (
 
 	// ErrUnavailable is the server's own (cluster mode), never ParseRequest's.
 	ErrUnavailable = &Error{CodeUnavailable, "a shard of this request has no quorum; outcome unknown, try another node"}
-	// ErrBehind is ErrUnavailable's code for a node that never applied the
-	// decision on this connection's queued acquires: it caught up from a
-	// snapshot that skipped it (cluster mode).
+	// ErrBehind is ErrUnavailable's code for a node that fell behind its
+	// shard (cluster mode): it never applied the decision on this
+	// connection's queued acquires (it caught up from a snapshot that
+	// skipped it), or applied a grant so late that its lease had ended.
 	ErrBehind = &Error{CodeUnavailable, "this node fell behind its shard; outcome unknown, try another node"}
 
 	ErrEmptyLine    = &Error{CodeSyntax, "empty line"}

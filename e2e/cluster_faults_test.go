@@ -317,6 +317,32 @@ func TestClusterLaggingNodeRenewsALateGrant(t *testing.T) {
 	c.agree()
 }
 
+// A grant its node applies after its lease has ended (the node paused past
+// the lease and the skew) was granted and is over: the renewal finds it
+// gone, and the waiter's connection is told the outcome is unknown, not T.
+func TestClusterLaggingNodeLapsedGrant(t *testing.T) {
+	c := startCluster(t)
+	lead := c.leader() // of shard 0, which key "hot0" is on with 4 shards
+	lag := (lead + 1) % 3
+	h, w, x := c.dial(lead), c.dial(lag), c.dial((lead+2)%3)
+	tok := h.acquire("h", "hot0", 10000, 0)
+	w.send(acq("w", "hot0", 200, 30000))
+	w.sync("hot0")
+
+	c.signal(lag, syscall.SIGSTOP)
+	h.release(tok, "hot0")
+	x.send(acq("x", "hot0", 10000, 30000))
+	if got := x.expectAcquired("x", "hot0"); got != tok+2 { // after w's 200ms and the skew
+		t.Fatalf("x got token %d, want %d", got, tok+2)
+	}
+	c.signal(lag, syscall.SIGCONT)
+	w.expectError("unavailable this node fell behind its shard;") // codec.ErrBehind
+	if v, err := c.nodes[lag].metric("ticketd_late_grants_renewed_total"); err != nil || v != 1 {
+		t.Fatalf("late grants renewed on the lagging node: %v (%v), want 1", v, err)
+	}
+	c.agree()
+}
+
 func TestClusterLaggingNodeCatchesUp(t *testing.T) {
 	c := startCluster(t, "--raft-snapshot-entries", "50")
 	c.nodes[2].stop()

@@ -48,6 +48,9 @@ type sink interface {
 	// renew passes on the renewals of grants this replica applied too
 	// late to answer (fsm.late), for this node to propose.
 	renew(shardIdx int, cmds []shard.Command)
+	// lapsed names this node's connections whose late grant ended before
+	// its renewal applied: granted, and over before it could be answered.
+	lapsed(shardIdx int, conns []uint64)
 	// lost names this node's connections that had acquires queued which a
 	// snapshot received no longer holds: their answers were decided in
 	// entries this replica never applied, and will not come.
@@ -83,6 +86,7 @@ type fsm struct {
 	cmd     shard.Command   // scratch
 	mine    []shard.Answer  // answers for this node, per Update
 	renews  []shard.Command // renewals of this node's late grants, per Update
+	lapsed  []uint64        // connections of this node's lapsed renewals, per Update
 	notices []header        // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
@@ -136,6 +140,7 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.mu.Lock()
 	f.mine = f.mine[:0]
 	f.renews = f.renews[:0]
+	f.lapsed = f.lapsed[:0]
 	f.arena = f.arena[:0]
 	f.notices = f.notices[:0]
 	var err error
@@ -158,6 +163,9 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	}
 	if len(f.renews) > 0 && f.out != nil {
 		f.out.renew(f.idx, f.renews)
+	}
+	if len(f.lapsed) > 0 && f.out != nil {
+		f.out.lapsed(f.idx, f.lapsed)
 	}
 	for _, h := range f.notices {
 		if f.out != nil {
@@ -335,6 +343,12 @@ func (f *fsm) keep(ans []shard.Answer) {
 		if a.To.Node != f.node || a.To.Conn == 0 {
 			continue
 		}
+		if f.cmd.Op == shard.OpRenew && a.Result == shard.TimedOut {
+			// Not T: the acquire was granted, and whoever came next
+			// found the key held. Its outcome can only be unknown.
+			f.lapsed = append(f.lapsed, a.To.Conn)
+			continue
+		}
 		a.Owner = f.copyBytes(a.Owner)
 		a.Key = f.copyBytes(a.Key)
 		if a.Result == shard.Acquired && f.clock != nil && f.skew > 0 && f.live && a.To.Conn>>connBits == f.inc {
@@ -363,7 +377,8 @@ func (f *fsm) keep(ans []shard.Answer) {
 // from about then: the renewal, stamped when proposed, runs the lease plus
 // the lateness seen now (allowMs, the time it allows itself to come back)
 // and is answered if it came back within that and half the skew, else
-// renewed again with the longer allowance. A renewal costs one more commit,
+// renewed again with the longer allowance; one that finds the lease ended
+// closes the connection with E unavailable (lapsed). A renewal costs one more commit,
 // only for grants applied late, and never refuses one; the holder's key
 // stays held up to allowMs past the lease it believes in.
 func (f *fsm) late(a *shard.Answer, local int64) (shard.Command, bool) {

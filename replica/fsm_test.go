@@ -31,6 +31,10 @@ func (r *recorder) renew(_ int, cmds []shard.Command) {
 	}
 }
 
+func (r *recorder) lapsed(_ int, conns []uint64) {
+	r.got = append(r.got, fmt.Sprintf("lapsed %v", conns))
+}
+
 func (r *recorder) lost(_ int, conns []uint64) {
 	r.got = append(r.got, fmt.Sprintf("lost %v", conns))
 }
@@ -322,8 +326,8 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 // A grant this replica applies more than half the skew after the time its
 // lease counts from is not answered but renewed (fsm.late); the renewal is
 // answered if it comes back within the lateness it allows itself and half
-// the skew, else renewed again, and once the token no longer holds it is
-// answered T. Grants for other nodes, or for an earlier run of this one, are
+// the skew, else renewed again, and once the token no longer holds its
+// connection is named lapsed. Grants for other nodes, or for an earlier run of this one, are
 // never renewed here.
 func TestFSMRenewsAGrantAppliedLate(t *testing.T) {
 	rec := &recorder{}
@@ -370,12 +374,13 @@ func TestFSMRenewsAGrantAppliedLate(t *testing.T) {
 	if want := []string{"renew 2 o b lease 10000 allow 700"}; !slices.Equal(rec.got, want) {
 		t.Fatalf("got %q, want %q", rec.got, want)
 	}
-	// A renewal of a lease that ended before it applied is answered T.
+	// A renewal of a lease that ended before it applied names its
+	// connection as lapsed: granted, over, and never answered.
 	rec.got = nil
 	update(t, f, batch{h: header{node: 2, inc: 1, stamp: 5e9}, cmds: []shard.Command{{Op: shard.OpExpire, Key: []byte("b"), Token: 2}}})
 	local = 5.1e9
 	update(t, f, renewal(5, 5e9, 2, "b", 700))
-	if want := []string{"T o b"}; !slices.Equal(rec.got, want) {
+	if want := []string{fmt.Sprintf("lapsed %v", []uint64{c})}; !slices.Equal(rec.got, want) {
 		t.Fatalf("got %q, want %q", rec.got, want)
 	}
 

@@ -601,6 +601,23 @@ func (n *Node) lost(idx int, conns []uint64) {
 	}
 }
 
+// lapsed closes with E unavailable this run's connections whose grant this
+// node applied so late that its lease had ended before the renewal
+// (fsm.late) applied: neither A nor T would be true.
+func (n *Node) lapsed(idx int, conns []uint64) {
+	var mine []uint64
+	for _, c := range conns {
+		if c>>connBits == n.inc {
+			mine = append(mine, c&connMask)
+		}
+	}
+	if len(mine) > 0 {
+		n.log.Warn("answering E unavailable: a grant this node applied late had ended before it could be answered",
+			zap.Int("shard", idx), zap.Int("connections", len(mine)))
+		n.fail(mine, codec.ErrBehind)
+	}
+}
+
 // add queues cmd for the shard's next proposal; local names the connection
 // that waits for its answer (0: none).
 func (g *group) add(cmd *shard.Command, local uint64) {

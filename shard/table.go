@@ -28,7 +28,8 @@ const (
 	// to From is answered anew, its lease running LeaseMs+WaitMs from now if that ends later
 	// (cluster: a node that applied the grant too late to answer it counts the lease again from
 	// about its answer, WaitMs being the time it allows for the renewal to come back). A to
-	// From, or T if Token no longer holds Key (its lease ended before anyone heard of it).
+	// From, or T if Token no longer holds Key (its lease ended before anyone heard of it; the
+	// replica turns that into E unavailable, as the acquire was granted).
 	OpRenew
 )
 
