@@ -37,7 +37,8 @@ import (
 //
 //	acquire       conn seq owner key leaseMs waitMs
 //	release       conn seq key token
-//	expire        key token
+//	expire        key token            (an older ticketd's: any deadline)
+//	expire-at     key token deadline   (deadline: a zig-zag varint, the lease end it was made for)
 //	wait-timeout  node conn seq key
 //	withdraw      conn
 //	renew         conn seq owner key token leaseMs allowMs
@@ -116,8 +117,18 @@ func appendBytes(b, s []byte) []byte {
 	return append(b, s...)
 }
 
+// opExpireAt is the log's code for an expire that names the lease end it
+// was made for, which a renewal since makes stale (shard.Command.Deadline).
+const opExpireAt = 0x80 | byte(shard.OpExpire)
+
 // appendCommand encodes c; From.Node of requests is left out (it is the batch's).
 func appendCommand(b []byte, c *shard.Command) []byte {
+	if c.Op == shard.OpExpire && c.Deadline != 0 {
+		b = append(b, opExpireAt)
+		b = appendBytes(b, c.Key)
+		b = binary.AppendUvarint(b, c.Token)
+		return binary.AppendVarint(b, c.Deadline)
+	}
 	b = append(b, byte(c.Op))
 	switch c.Op {
 	case shard.OpAcquire:
@@ -256,7 +267,12 @@ func (r *reader) settings() settings {
 
 // command decodes the next command into c; slices point into the entry.
 func (r *reader) command(node uint32, c *shard.Command) {
-	*c = shard.Command{Op: shard.Op(r.byte())}
+	op := r.byte()
+	if op == opExpireAt {
+		*c = shard.Command{Op: shard.OpExpire, Key: r.bytes(), Token: r.uvarint(), Deadline: r.varint()}
+		return
+	}
+	*c = shard.Command{Op: shard.Op(op)}
 	switch c.Op {
 	case shard.OpAcquire:
 		c.From = shard.Requester{Node: node, Conn: r.uvarint(), Seq: r.uvarint()}

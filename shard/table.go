@@ -20,7 +20,7 @@ type Op uint8
 const (
 	OpAcquire       Op = iota + 1 // From, Owner, Key, LeaseMs, WaitMs
 	OpRelease                     // From, Key, Token
-	OpExpire                      // Key, Token: the lease of Token ends (cluster leader); stale token: no-op
+	OpExpire                      // Key, Token, Deadline: the lease of Token ends (cluster leader); stale token or deadline: no-op
 	OpWaitTimeout                 // From (the waiter), Key: its wait ends with T; already answered: no-op
 	OpWithdraw                    // From.Node+From.Conn: drop every queued acquire of that connection, no answers
 	OpWithdrawBelow               // From.Node+From.Conn: drop every queued acquire of node From.Node whose Conn < From.Conn (an earlier incarnation of that node), no answers
@@ -52,6 +52,9 @@ type Command struct {
 	LeaseMs uint64
 	WaitMs  uint64
 	Token   uint64
+	// Deadline of an OpExpire is the lease end it was made for (Due sets it): a lease
+	// renewed since (OpRenew) does not end by it. 0: whatever the lease end is.
+	Deadline int64
 }
 
 // Result is the kind of an Answer.
@@ -308,8 +311,8 @@ func (t *Table) release(now int64, c *Command, out []Answer) []Answer {
 
 func (t *Table) expire(now int64, c *Command, out []Answer) []Answer {
 	e := t.keys.get(c.Key)
-	if e == nil || e.token != c.Token {
-		return out // stale: the lease already ended or the key changed hands
+	if e == nil || e.token != c.Token || c.Deadline != 0 && e.deadline != c.Deadline {
+		return out // stale: the lease already ended, the key changed hands, or the lease was renewed
 	}
 	if e.token != 0 {
 		t.st.Expiries++
@@ -328,7 +331,9 @@ func (t *Table) renew(now int64, c *Command, out []Answer) []Answer {
 	t.st.Renewals++
 	e := t.keys.get(c.Key)
 	if e == nil || e.token == 0 || e.token != c.Token {
-		return t.refuse(out, c, TimedOut)
+		out, a := push(out) // not counted as a T: the acquire was granted
+		a.To, a.Result, a.Owner, a.Key = c.From, TimedOut, c.Owner, c.Key
+		return out
 	}
 	if d := addMs(now, c.LeaseMs+c.WaitMs); d > e.deadline {
 		e.deadline = d
@@ -538,7 +543,7 @@ func (t *Table) Due(now int64, out []Command) []Command {
 		if tm.w != nil {
 			out = append(out, Command{Op: OpWaitTimeout, From: tm.w.from, Key: tm.w.e.key})
 		} else {
-			out = append(out, Command{Op: OpExpire, Key: tm.e.key, Token: tm.e.token})
+			out = append(out, Command{Op: OpExpire, Key: tm.e.key, Token: tm.e.token, Deadline: tm.at})
 		}
 	}
 	t.due = idx[:0]

@@ -444,10 +444,18 @@ func TestRenew(t *testing.T) {
 		return tb.Apply(now, &c, nil)
 	}
 	tok := acq(tb, 0, 1, 1, "k", 1000, 0)[0].Token
+	stale := tb.Due(1000e6, nil) // the leader's Expire, formed before the renewal applies
+	if len(stale) != 1 || stale[0].Deadline != 1000e6 {
+		t.Fatalf("Due %+v, want one Expire for the deadline 1 s", stale)
+	}
+	stale[0].Key = append([]byte(nil), stale[0].Key...)
 	a := renew(600e6, tok, 1000, 100)
 	if len(a) != 1 || a[0].Result != Acquired || a[0].Token != tok || string(a[0].Owner) != "w" || string(a[0].Key) != "k" ||
 		a[0].To != (Requester{Node: 2, Conn: 7, Seq: 3}) || a[0].Deadline != 1700e6 {
 		t.Fatalf("renewal answered %+v", a)
+	}
+	if a := tb.Apply(1100e6, &stale[0], nil); len(a) != 0 || tb.Stats().Keys != 1 || tb.Stats().Expiries != 0 {
+		t.Fatalf("an Expire made for the lease end before the renewal ended the renewed lease: %+v", a)
 	}
 	if d := tb.Due(1699e6, nil); len(d) != 0 {
 		t.Fatalf("lease due before its renewed end: %+v", d)
@@ -465,7 +473,7 @@ func TestRenew(t *testing.T) {
 	if a := renew(0, tok, 1000, 0); len(a) != 1 || a[0].Result != TimedOut {
 		t.Fatalf("renewal after the release: %+v", a)
 	}
-	if s := tb.Stats(); s.Renewals != 4 || s.Grants != 1 || s.Keys != 0 {
+	if s := tb.Stats(); s.Renewals != 4 || s.Grants != 1 || s.Keys != 0 || s.TimedOut != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	defer func() {
