@@ -317,9 +317,9 @@ func TestClusterLaggingNodeRenewsALateGrant(t *testing.T) {
 	c.agree()
 }
 
-// A grant its node applies after its lease has ended (the node paused past
-// the lease and the skew) was granted and is over: the renewal finds it
-// gone, and the waiter's connection is told the outcome is unknown, not T.
+// A grant its node applies later than its lease and the skew (the node
+// paused) is not renewed: the waiter's connection is told the outcome is
+// unknown, and the key is not held for it.
 func TestClusterLaggingNodeLapsedGrant(t *testing.T) {
 	c := startCluster(t)
 	lead := c.leader() // of shard 0, which key "hot0" is on with 4 shards
@@ -337,9 +337,6 @@ func TestClusterLaggingNodeLapsedGrant(t *testing.T) {
 	}
 	c.signal(lag, syscall.SIGCONT)
 	w.expectError("unavailable this node fell behind its shard;") // codec.ErrBehind
-	if v, err := c.nodes[lag].metric("ticketd_late_grants_renewed_total"); err != nil || v != 1 {
-		t.Fatalf("late grants renewed on the lagging node: %v (%v), want 1", v, err)
-	}
 	c.agree()
 }
 

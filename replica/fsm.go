@@ -48,9 +48,10 @@ type sink interface {
 	// renew passes on the renewals of grants this replica applied too
 	// late to answer (fsm.late), for this node to propose.
 	renew(shardIdx int, cmds []shard.Command)
-	// lapsed names this node's connections whose late grant ended before
-	// its renewal applied: granted, and over before it could be answered.
-	lapsed(shardIdx int, conns []uint64)
+	// lapsed passes on this node's grants that came too late even to renew
+	// (Acquired: to be released), or whose renewal found the lease ended
+	// (TimedOut): their connections must hear that the outcome is unknown.
+	lapsed(shardIdx int, grants []shard.Answer)
 	// lost names this node's connections that had acquires queued which a
 	// snapshot received no longer holds: their answers were decided in
 	// entries this replica never applied, and will not come.
@@ -85,8 +86,9 @@ type fsm struct {
 	ans     []shard.Answer  // scratch
 	cmd     shard.Command   // scratch
 	mine    []shard.Answer  // answers for this node, per Update
+	grants  []grantAt       // grants among mine, to judge, per Update
 	renews  []shard.Command // renewals of this node's late grants, per Update
-	lapsed  []uint64        // connections of this node's lapsed renewals, per Update
+	lapsed  []shard.Answer  // this node's grants too late even to renew, per Update
 	notices []header        // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
@@ -139,6 +141,7 @@ func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
 func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.mu.Lock()
 	f.mine = f.mine[:0]
+	f.grants = f.grants[:0]
 	f.renews = f.renews[:0]
 	f.lapsed = f.lapsed[:0]
 	f.arena = f.arena[:0]
@@ -153,6 +156,7 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 		ents[i].Result = sm.Result{Value: res}
 		f.applied = ents[i].Index
 	}
+	f.judge()
 	moved := f.timersEarlier()
 	f.mu.Unlock()
 	if moved {
@@ -334,64 +338,84 @@ func (f *fsm) settingsAt() (settings, uint32, int64, bool) {
 }
 
 // keep copies the answers addressed to this node (their slices point into the
-// entry or the table, both of which move on), and turns the grants among
-// them that came too late to answer into renewals (see late). f.cmd is the
-// command that decided them.
+// entry or the table, both of which move on), and notes which of them are
+// grants to be judged for lateness once the Update is applied (judge). f.cmd
+// is the command that decided them.
 func (f *fsm) keep(ans []shard.Answer) {
-	var local int64
 	for _, a := range ans {
 		if a.To.Node != f.node || a.To.Conn == 0 {
 			continue
 		}
+		a.Owner = f.copyBytes(a.Owner)
+		a.Key = f.copyBytes(a.Key)
 		if f.cmd.Op == shard.OpRenew && a.Result == shard.TimedOut {
 			// Not T: the acquire was granted, and whoever came next
 			// found the key held. Its outcome can only be unknown.
-			f.lapsed = append(f.lapsed, a.To.Conn)
+			f.lapsed = append(f.lapsed, a)
 			continue
 		}
-		a.Owner = f.copyBytes(a.Owner)
-		a.Key = f.copyBytes(a.Key)
 		if a.Result == shard.Acquired && f.clock != nil && f.skew > 0 && f.live && a.To.Conn>>connBits == f.inc {
-			if local == 0 {
-				local = f.clock()
+			g := grantAt{i: len(f.mine), since: f.now, lease: uint64(a.Deadline-f.now) / 1e6}
+			if f.cmd.Op == shard.OpRenew {
+				g.lease, g.allow = f.cmd.LeaseMs, int64(f.cmd.WaitMs)*1e6
 			}
-			if r, late := f.late(&a, local); late {
-				f.renews = append(f.renews, r)
-				continue
-			}
+			f.grants = append(f.grants, g)
 		}
 		f.mine = append(f.mine, a)
 	}
 }
 
-// late tells whether the grant a, applied here at local on this node's
-// clock, comes too late to answer, and if so returns its renewal.
+// grantAt is a grant among f.mine to judge for lateness: the replicated
+// time its lease counts from, its lease, and the lateness its renewal
+// allowed for itself (0: not a renewal).
+type grantAt struct {
+	i            int
+	since, allow int64
+	lease        uint64
+}
+
+// judge takes out of f.mine the grants of this Update that come too late to
+// answer, turning them into renewals, or, past what a renewal may allow,
+// into lapsed ones. The clock is read once, after the whole Update, just
+// before the answers go to the network.
 //
 // The holder counts its lease from about the answer; the leader ends it
 // skew after its deadline on its own clock, and the deadline counts from
-// the replicated time f.now. An answer more than half the skew after f.now
-// would leave the holder believing in its lease past the Expire once the
-// clocks differ by the other half. The leader's covers cannot help: a
-// follower that answers may apply the grant later than the leader did. So
-// the grant is answered only when a renewal has moved its lease to count
-// from about then: the renewal, stamped when proposed, runs the lease plus
-// the lateness seen now (allowMs, the time it allows itself to come back)
-// and is answered if it came back within that and half the skew, else
-// renewed again with the longer allowance; one that finds the lease ended
-// closes the connection with E unavailable (lapsed). A renewal costs one more commit,
-// only for grants applied late, and never refuses one; the holder's key
-// stays held up to allowMs past the lease it believes in.
-func (f *fsm) late(a *shard.Answer, local int64) (shard.Command, bool) {
-	lease, allow := uint64(a.Deadline-f.now)/1e6, int64(0)
-	if f.cmd.Op == shard.OpRenew {
-		lease, allow = f.cmd.LeaseMs, int64(f.cmd.WaitMs)*1e6
+// the replicated time the grant was applied at. An answer more than half
+// the skew after that would leave the holder believing in its lease past
+// the Expire once the clocks differ by the other half. The leader's covers
+// cannot help: a follower that answers may apply the grant later than the
+// leader did. So the grant is answered only when a renewal has moved its
+// lease to count from about then: the renewal, stamped when proposed, runs
+// the lease plus the lateness seen now (its allowance, the time it allows
+// itself to come back), and is answered if it came back within that and
+// half the skew, else renewed again with the longer allowance. Each round
+// is later by more than half the skew, and an allowance above both the
+// lease and the skew is not given: that grant is lapsed (its connection is
+// told E unavailable, and the grant released), as is a renewal that found
+// the lease ended. A renewal costs one more commit, only for grants applied
+// late; the holder's key stays held up to the allowance past the lease it
+// believes in. Under f.mu.
+func (f *fsm) judge() {
+	if len(f.grants) == 0 {
+		return
 	}
-	late := local - f.now
-	if late <= allow+f.skew/2 {
-		return shard.Command{}, false
+	local := f.clock()
+	for _, g := range f.grants {
+		late := local - g.since
+		if late <= g.allow+f.skew/2 {
+			continue
+		}
+		a := &f.mine[g.i]
+		if late > max(f.skew, int64(min(g.lease, math.MaxInt64/1_000_000))*1e6) {
+			f.lapsed = append(f.lapsed, *a)
+		} else {
+			f.renews = append(f.renews, shard.Command{Op: shard.OpRenew, From: a.To, Owner: a.Owner, Key: a.Key,
+				Token: a.Token, LeaseMs: g.lease, WaitMs: uint64((late + 1e6 - 1) / 1e6)})
+		}
+		a.To.Conn = 0 // taken out
 	}
-	return shard.Command{Op: shard.OpRenew, From: a.To, Owner: a.Owner, Key: a.Key, Token: a.Token,
-		LeaseMs: lease, WaitMs: uint64((late + 1e6 - 1) / 1e6)}, true
+	f.mine = slices.DeleteFunc(f.mine, func(a shard.Answer) bool { return a.To.Conn == 0 })
 }
 
 // cover records how late this replica applied the grants among ans, and

@@ -31,8 +31,10 @@ func (r *recorder) renew(_ int, cmds []shard.Command) {
 	}
 }
 
-func (r *recorder) lapsed(_ int, conns []uint64) {
-	r.got = append(r.got, fmt.Sprintf("lapsed %v", conns))
+func (r *recorder) lapsed(_ int, grants []shard.Answer) {
+	for _, a := range grants {
+		r.got = append(r.got, fmt.Sprintf("lapsed %c %s %s", a.Result.Letter(), a.Owner, a.Key))
+	}
 }
 
 func (r *recorder) lost(_ int, conns []uint64) {
@@ -326,8 +328,9 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 // A grant this replica applies more than half the skew after the time its
 // lease counts from is not answered but renewed (fsm.late); the renewal is
 // answered if it comes back within the lateness it allows itself and half
-// the skew, else renewed again, and once the token no longer holds its
-// connection is named lapsed. Grants for other nodes, or for an earlier run of this one, are
+// the skew, else renewed again; a grant later than its lease and the skew,
+// or whose token no longer holds, is lapsed. An Expire made for the lease
+// end before a renewal is stale once the renewal applied. Grants for other nodes, or for an earlier run of this one, are
 // never renewed here.
 func TestFSMRenewsAGrantAppliedLate(t *testing.T) {
 	rec := &recorder{}
@@ -367,6 +370,12 @@ func TestFSMRenewsAGrantAppliedLate(t *testing.T) {
 	if dueAt(13.3e9-1, "b") || !dueAt(13.3e9, "b") {
 		t.Fatal("the renewed lease does not end at 13.3 s")
 	}
+	// The leader's Expire made for the first deadline (12 s), committed
+	// after the renewal, is stale.
+	update(t, f, batch{h: header{node: 2, inc: 1, stamp: 3.6e9}, cmds: []shard.Command{{Op: shard.OpExpire, Key: []byte("b"), Token: 2, Deadline: 12e9}}})
+	if !dueAt(13.3e9, "b") || f.t.Stats().Expiries != 0 {
+		t.Fatal("an Expire made before the renewal ended the renewed lease")
+	}
 	// Back later than that: renewed again, allowing the 700 ms it took.
 	rec.got = nil
 	local = 4.7e9
@@ -380,7 +389,15 @@ func TestFSMRenewsAGrantAppliedLate(t *testing.T) {
 	update(t, f, batch{h: header{node: 2, inc: 1, stamp: 5e9}, cmds: []shard.Command{{Op: shard.OpExpire, Key: []byte("b"), Token: 2}}})
 	local = 5.1e9
 	update(t, f, renewal(5, 5e9, 2, "b", 700))
-	if want := []string{fmt.Sprintf("lapsed %v", []uint64{c})}; !slices.Equal(rec.got, want) {
+	if want := []string{"lapsed T o b"}; !slices.Equal(rec.got, want) {
+		t.Fatalf("got %q, want %q", rec.got, want)
+	}
+	// A grant later than both its lease and the skew is not renewed: the
+	// node is too far behind; it is lapsed, to be released.
+	rec.got = nil
+	local = 10.6e9
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 7, stamp: 10e9}, cmds: []shard.Command{acquire(c, 9, "o", "e", 100, 0)}})
+	if want := []string{"lapsed A o e"}; !slices.Equal(rec.got, want) {
 		t.Fatalf("got %q, want %q", rec.got, want)
 	}
 

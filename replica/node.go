@@ -601,20 +601,27 @@ func (n *Node) lost(idx int, conns []uint64) {
 	}
 }
 
-// lapsed closes with E unavailable this run's connections whose grant this
-// node applied so late that its lease had ended before the renewal
-// (fsm.late) applied: neither A nor T would be true.
-func (n *Node) lapsed(idx int, conns []uint64) {
+// lapsed closes with E unavailable this run's connections whose grant came
+// too late even to renew, or ended before its renewal applied (fsm.judge):
+// neither A nor T would be true. A grant still held is released: nobody
+// heard of it.
+func (n *Node) lapsed(idx int, grants []shard.Answer) {
 	var mine []uint64
-	for _, c := range conns {
-		if c>>connBits == n.inc {
-			mine = append(mine, c&connMask)
+	for i := range grants {
+		if a := &grants[i]; a.To.Conn>>connBits == n.inc {
+			mine = append(mine, a.To.Conn&connMask)
 		}
 	}
-	if len(mine) > 0 {
-		n.log.Warn("answering E unavailable: a grant this node applied late had ended before it could be answered",
-			zap.Int("shard", idx), zap.Int("connections", len(mine)))
-		n.fail(mine, codec.ErrBehind)
+	if len(mine) == 0 {
+		return
+	}
+	n.log.Warn("answering E unavailable: this node applied grants too late to answer them",
+		zap.Int("shard", idx), zap.Int("connections", len(mine)))
+	n.fail(mine, codec.ErrBehind)
+	for i := range grants {
+		if a := &grants[i]; a.Result == shard.Acquired && a.To.Conn>>connBits == n.inc {
+			n.Orphaned(a.Token, a.Key)
+		}
 	}
 }
 

@@ -34,7 +34,7 @@ type clusterFlags struct {
 func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.peersFlag, "peers", "", "cluster mode: every node's raft address by id, as 1=host:port,2=host:port,3=host:port (this node's included); off: single mode")
 	fs.UintVar(&c.nodeID, "node-id", 0, "cluster mode: this node's id among --peers")
-	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", 500*time.Millisecond, "cluster mode: the most node clocks may differ; a lease ends this long after its deadline on the leader's clock")
+	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", 500*time.Millisecond, "cluster mode: the most node clocks may differ (half of it for holders that count their lease from its answer); a lease ends this long after its deadline on the leader's clock")
 	fs.DurationVar(&c.unavailableTimeout, "unavailable-timeout", 5*time.Second, "cluster mode: how long a request may wait for a shard without quorum before its connection gets E unavailable (four election timeouts where the node knows no leader for the shard, if less)")
 	fs.DurationVar(&c.raftRTT, "raft-rtt", 10*time.Millisecond, "cluster mode: the raft tick (a round trip between nodes, or more)")
 	fs.UintVar(&c.electionRTT, "election-rtt", 30, "cluster mode: election timeout in raft ticks")
