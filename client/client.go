@@ -281,13 +281,14 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 // answered E unavailable), the release is sent again on another connection,
 // or if none is up on the next one that comes up, while l.Deadline has not
 // passed, so that a node's failure does not leave the lock held to the end
-// of its lease. The lease still ran when the copy went out, so the copy's N
-// means that the first one released the key (or, in single mode, that a
-// restart forgot the holder, whose lease the server's grace period still
-// keeps), and Release returns nil for it as for R. A *ConnError with an
-// unknown outcome comes only when no connection came up before the
-// Deadline, or the client was closed (a Lock made by hand without a
-// Deadline is never sent again).
+// of its lease. A copy's N that arrives before l.Deadline means that the
+// first one released the key (or, in single mode, that a restart forgot the
+// holder, whose lease the server's grace period still keeps), and Release
+// returns nil for it as for R. A *ConnError with an unknown outcome comes
+// only when no connection came up before the Deadline, the copy's N came
+// after it (the lease may have ended, and the key gone on, first), or the
+// client was closed (a Lock made by hand without a Deadline is never sent
+// again).
 func (cl *Client) Release(ctx context.Context, l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err
@@ -315,9 +316,9 @@ func released(c *call) error {
 	case c.res == 'N' && !c.resent:
 		return ErrNotHeld
 	}
-	// R, or N to a release sent again (see slot.resend): the lease still ran
-	// when it was, so the token held the key until one of the two copies
-	// released it.
+	// R, or N to a release sent again (see slot.resend) that arrived before
+	// the lock's Deadline (a later one fails with an unknown outcome): the
+	// token held the key until one of the two copies released it.
 	return nil
 }
 

@@ -50,6 +50,13 @@ type slot struct {
 
 	rtt atomic.Int64 // latest round trip of an answer that did not wait, ns
 
+	// lastRead is when the connection up last read anything (monoNow);
+	// silent is set when watch gave it up for that. answered: it matched
+	// an answer (run goroutine only).
+	lastRead atomic.Int64
+	silent   atomic.Bool
+	answered bool
+
 	mu    sync.Mutex       // guards the pending maps and held
 	acq   map[uint64]*call // acquires with generated owners, by sequence
 	named map[string]*call // AcquireAs, by owner + "\x00" + key
@@ -187,8 +194,15 @@ func (s *slot) run(nc net.Conn) {
 	attempt := 0
 	for {
 		if nc != nil {
-			attempt = 0
+			// A connection that the server closes at once (over its
+			// --max-conns, a node crash-looping at start) must not be
+			// redialled at the shortest pause for ever: only one that
+			// served resets the backoff.
+			up := time.Now()
 			s.serve(nc)
+			if s.answered || time.Since(up) >= s.cl.cfg.backoffMax {
+				attempt = 0
+			}
 			nc = nil
 			s.ncMu.Lock()
 			next := s.homeConn
@@ -257,14 +271,23 @@ func (s *slot) serve(nc net.Conn) {
 		hdone = make(chan struct{})
 		go s.goHome(nc, stop, hdone)
 	}
+	s.answered = false
+	s.silent.Store(false)
+	s.lastRead.Store(monoNow())
+	sdone := make(chan struct{})
+	go s.watch(nc, stop, sdone)
 
 	err := s.readLoop(nc)
 
 	close(stop)
 	nc.Close()
 	<-wdone
+	<-sdone
 	if hdone != nil {
 		<-hdone
+	}
+	if s.silent.Load() {
+		err = fmt.Errorf("no answer for %v with requests in flight: the connection is silent", s.cl.cfg.answerTimeout)
 	}
 	s.ncMu.Lock()
 	s.nc = nil
@@ -311,6 +334,61 @@ func (s *slot) serve(nc net.Conn) {
 	}
 }
 
+// monoNow is a monotonic time in ns, for times kept in atomics.
+func monoNow() int64 { return int64(time.Since(monoStart)) }
+
+var monoStart = time.Now()
+
+// watch gives the connection up (closes it) when a request written on it
+// has gone unanswered answerTimeout past its wait while nothing at all was
+// read for as long (see WithAnswerTimeout): a peer that vanished without a
+// reset would otherwise hold its calls, and the releases that another node
+// could carry out, for as long as the kernel takes to notice.
+func (s *slot) watch(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	limit := s.cl.cfg.answerTimeout
+	t := time.NewTicker(min(limit/4, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if monoNow()-s.lastRead.Load() >= int64(limit) && s.overdue(time.Now(), limit) {
+			s.silent.Store(true)
+			nc.Close()
+			return
+		}
+	}
+}
+
+// overdue tells whether a pending request was written more than limit
+// past its wait before now.
+func (s *slot) overdue(now time.Time, limit time.Duration) bool {
+	late := func(c *call) bool { return now.Sub(c.sent) > limit+time.Duration(c.waitMs)*time.Millisecond }
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.acq {
+		if late(c) {
+			return true
+		}
+	}
+	for _, c := range s.named {
+		if late(c) {
+			return true
+		}
+	}
+	for _, c := range s.rel {
+		for ; c != nil; c = c.next {
+			if late(c) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // resend hands a release that the broken connection left unanswered to
 // another connection, or if none is up to the slot's next one (holding it
 // until then), while the lock's lease still runs by its Deadline. A
@@ -318,11 +396,12 @@ func (s *slot) serve(nc net.Conn) {
 // answer would otherwise leave the lock held until its lease ends, and its
 // waiters waiting. Sending it again is safe: a token releases its key once,
 // and a key's later holders have larger tokens, so the copy that comes
-// second is answered N. As the lease ran when the copy was sent (Deadline
-// is conservative), an N can only mean that the first copy released the
-// key, or that a single-mode restart forgot the holder while its grace
-// period keeps the key from others: released reports both answers as
-// released.
+// second is answered N. An N that arrives before the Deadline (which is
+// conservative) can only mean that the first copy released the key, or
+// that a single-mode restart forgot the holder while its grace period keeps
+// the key from others: released reports both answers as released. One
+// that arrives later may mean that the lease ended and the key went on
+// first: its outcome is unknown.
 func (s *slot) resend(c *call) bool {
 	if !s.mayResend(c) {
 		return false
@@ -387,7 +466,11 @@ func (s *slot) failHeld(all bool) {
 	s.armHeld()
 	s.mu.Unlock()
 	for _, c := range due {
-		c.err = &ConnError{Addr: s.cl.addrList, Unknown: true, Err: errors.New("connection broke with the release in flight; no connection came up before the lease's end")}
+		why := ErrClosed
+		if !all {
+			why = errors.New("connection broke with the release in flight; no connection came up before the lease's end")
+		}
+		c.err = &ConnError{Addr: s.cl.addrList, Unknown: true, Err: why}
 		s.finish(c)
 	}
 }
@@ -766,6 +849,7 @@ func (s *slot) readLoop(nc net.Conn) error {
 		end += n
 		if n > 0 {
 			now := time.Now()
+			s.lastRead.Store(monoNow())
 			var perr error
 			s.mu.Lock()
 			for start < end {
@@ -789,6 +873,13 @@ func (s *slot) readLoop(nc net.Conn) error {
 					break
 				}
 				c.res, c.resToken = a.Kind, a.Token
+				s.answered = true
+				if a.Kind == 'N' && c.resent && !now.Before(c.until) {
+					// A copy carried out after the lease's end: the key
+					// may have gone to another holder before the first
+					// copy, if it was carried out, released it.
+					c.err = &ConnError{Addr: s.addr, Unknown: true, Err: errors.New("the release, sent again after its connection broke, was answered N after the lock's Deadline")}
+				}
 				if a.Kind == 'T' && c.waitMs > 0 {
 					c.early = now.Sub(c.sent) < earlyBefore(c.waitMs)
 				}

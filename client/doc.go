@@ -58,7 +58,8 @@
 // request had been sent, so that the server may have carried it out. A
 // release that meets this is sent again on another connection while the
 // lock's Deadline has not passed (see Release), so that it fails so only
-// when no connection comes up before then. An E line from the server (it could not parse a request) fails every
+// when no connection comes up before then, or when the copy's N comes
+// after the Deadline (the key may have gone on meanwhile). An E line from the server (it could not parse a request) fails every
 // call unanswered on that connection with a *ConnError wrapping a
 // *ServerError. The client checks keys, owners, leases and waits before
 // sending, so that one bad call cannot take down the calls of others.
@@ -76,7 +77,14 @@
 // that had to move goes back to its own node at its next break, a rolling
 // restart does not leave every connection on one node, and a connection
 // that two nodes fail in turn (a bridge: two nodes cut apart, the third
-// sees both) goes to the third instead of back and forth. While a
+// sees both) goes to the third instead of back and forth. The pause
+// between redials doubles from WithBackoff's first to its longest, and
+// starts again only after a connection that answered something (or lived
+// that longest pause): a node that accepts and closes at once is not
+// redialled at the shortest pause for ever. A connection that reads but
+// stops answering (a node gone without a reset, a cut link) is given up as
+// broken once a request on it is WithAnswerTimeout (20 s) past its wait
+// with nothing at all arriving. While a
 // connection is down, calls go to the other connections, or fail at once
 // with a *ConnError (Unknown false) when none is up.
 //

@@ -13,23 +13,25 @@ import (
 type Option func(*config)
 
 type config struct {
-	conns       int
-	clientID    string
-	dialTimeout time.Duration
-	backoffMin  time.Duration
-	backoffMax  time.Duration
-	maxLease    time.Duration
-	maxWait     time.Duration
+	conns         int
+	clientID      string
+	dialTimeout   time.Duration
+	backoffMin    time.Duration
+	backoffMax    time.Duration
+	maxLease      time.Duration
+	maxWait       time.Duration
+	answerTimeout time.Duration
 }
 
 func defaultConfig() config {
 	return config{
-		conns:       2,
-		dialTimeout: 5 * time.Second,
-		backoffMin:  50 * time.Millisecond,
-		backoffMax:  2 * time.Second,
-		maxLease:    codec.DefaultMaxLeaseMs * time.Millisecond,
-		maxWait:     codec.DefaultMaxWaitMs * time.Millisecond,
+		conns:         2,
+		dialTimeout:   5 * time.Second,
+		backoffMin:    50 * time.Millisecond,
+		backoffMax:    2 * time.Second,
+		maxLease:      codec.DefaultMaxLeaseMs * time.Millisecond,
+		maxWait:       codec.DefaultMaxWaitMs * time.Millisecond,
+		answerTimeout: 20 * time.Second,
 	}
 }
 
@@ -63,6 +65,18 @@ func WithLimits(maxLease, maxWait time.Duration) Option {
 	return func(c *config) { c.maxLease, c.maxWait = maxLease, maxWait }
 }
 
+// WithAnswerTimeout sets how long a connection may leave a request
+// unanswered past its wait, while nothing at all arrives on it, before the
+// client gives the connection up as silent (default 20s): a node that died
+// without a reset, or a link cut between the client and the node, which
+// the kernel would take many minutes to report. The connection's calls then
+// fail as on a break (an acquire's outcome unknown, a release sent again on
+// another connection), and new calls go to another address. A server
+// answers a request that does not wait within its --unavailable-timeout
+// (5s by default) even when it cannot carry it out; keep the timeout well
+// above that.
+func WithAnswerTimeout(d time.Duration) Option { return func(c *config) { c.answerTimeout = d } }
+
 // maxSeqLen is the longest "." + decimal uint64 that follows the client id.
 const maxSeqLen = 21
 
@@ -84,6 +98,9 @@ func (c *config) validate() error {
 	}
 	if c.backoffMin <= 0 || c.backoffMax < c.backoffMin {
 		return fmt.Errorf("%w: WithBackoff(%v, %v): want 0 < min <= max", ErrInvalid, c.backoffMin, c.backoffMax)
+	}
+	if c.answerTimeout <= 0 {
+		return fmt.Errorf("%w: WithAnswerTimeout(%v): want > 0", ErrInvalid, c.answerTimeout)
 	}
 	if c.maxLease < time.Millisecond || c.maxWait < 0 {
 		return fmt.Errorf("%w: WithLimits(%v, %v): want lease >= 1ms, wait >= 0", ErrInvalid, c.maxLease, c.maxWait)
