@@ -486,7 +486,7 @@ func command(cmd *shard.Command, q *codec.Request, self, seq uint64) {
 	// Field by field, for the reason shard's push gives: a literal is built
 	// in a temporary and copied, and the copy stalls on store forwarding.
 	cmd.From.Node, cmd.From.Conn, cmd.From.Seq = 0, self, seq
-	cmd.Key = q.Key
+	cmd.Key, cmd.Deadline = q.Key, 0
 	if q.Kind == codec.Acquire {
 		cmd.Op, cmd.Owner, cmd.LeaseMs, cmd.WaitMs, cmd.Token = shard.OpAcquire, q.Owner, q.LeaseMs, q.WaitMs, 0
 	} else {
