@@ -5,7 +5,8 @@
 // safe for concurrent use by any number of goroutines. Calls from all of them
 // are pipelined: every request for a key goes out on the connection the key
 // hashes to (another one while that one is down), so the requests for one
-// key stay in order. Each connection has one reader goroutine that matches
+// key stay in order (but for requests rerouted while their connection was
+// down, which its requests after it is back may overtake). Each connection has one reader goroutine that matches
 // answers as they come, in any order, and wakes their callers; once they
 // have queued their replies, it writes them with one write if the socket
 // takes them at once. A writer goroutine sends the rest, and what queues up
