@@ -108,9 +108,12 @@ func (c *Conn) post(b []byte, n int, grants []Grant, last bool) bool {
 	return true
 }
 
-// takeMail appends the mailbox to out and empties it. Loop only.
-func (c *Conn) takeMail(out []byte) []byte {
+// takeMail appends the mailbox to out and empties it; last tells that
+// Fail's line was in it (the connection is to be closed once out is
+// written, and nothing more read). Loop only.
+func (c *Conn) takeMail(out []byte) (_ []byte, last bool) {
 	c.mu.Lock()
+	last = c.failed
 	if len(c.mail) > 0 {
 		out = append(out, c.mail...)
 		c.inflight -= c.mailN
@@ -122,6 +125,17 @@ func (c *Conn) takeMail(out []byte) []byte {
 		}
 		c.mailN = 0
 	}
+	c.mu.Unlock()
+	return out, last
+}
+
+// seal is takeMail for a connection about to close with an E line of its
+// own (a bad frame): what was posted until now goes out before the line,
+// and nothing is posted after it. Loop only.
+func (c *Conn) seal(out []byte) []byte {
+	out, _ = c.takeMail(out)
+	c.mu.Lock()
+	c.failed = true
 	c.mu.Unlock()
 	return out
 }
@@ -183,20 +197,37 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		s.outPool.Put(outp)
 	}()
 
-	out = c.takeMail(out)
+	if gc.OutboundBuffered() >= hardOutbound*s.cfg.MaxOutbound {
+		// A client that has not read its answers for this long while
+		// late ones (its queued acquires' grants and timeouts) kept
+		// coming: closed, so that its output does not grow with
+		// --max-waiters. Its mailbox's grants are released by OnClose.
+		s.unreadClosed.Add(1)
+		return gnet.Close
+	}
+	out, last := c.takeMail(out)
 
 	action := gnet.None
 	buf, _ := gc.Peek(-1)
-	consumed := 0
-	if len(buf) > 0 && !c.over(len(out)) {
+	held, consumed, lineLeft := len(buf), 0, false
+	if last {
+		action = gnet.Close // Fail's line is the last thing the client reads
+	} else if len(buf) > 0 && !c.over(len(out)) {
 		out, consumed, action = h.parse(c, buf, out)
-		if consumed > 0 { // gnet's Discard(0) drops everything
-			_, _ = gc.Discard(consumed)
-		}
 	}
+	// Before Discard, which may give buf back to a pool that every loop
+	// takes from.
+	if consumed < held {
+		lineLeft = bytes.IndexByte(buf[consumed:], '\n') >= 0
+	}
+	if consumed > 0 { // gnet's Discard(0) drops everything
+		_, _ = gc.Discard(consumed)
+	}
+	buf = nil
 	if len(out) > 0 {
 		if _, err := gc.Write(out); err != nil {
 			h.unwritten(out)
+			return gnet.None // gnet closed the connection, and OnClose has run
 		}
 		if s.cfg.Latency != nil {
 			s.cfg.Latency.Observe(time.Since(start).Seconds())
@@ -213,12 +244,12 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		}
 		// Parsing stopped at a limit that the write above has cleared:
 		// go on now, as the client may send nothing more to wake us.
-		if bytes.IndexByte(buf[consumed:], '\n') >= 0 {
+		if lineLeft {
 			_ = gc.Wake(nil)
 		}
 	}
 	if s.timeouts {
-		return c.watch(buf, consumed, len(out) > 0)
+		return c.watch(held, consumed, lineLeft, len(out) > 0)
 	}
 	return gnet.None
 }
@@ -290,7 +321,7 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 			reqs = reqs[:len(reqs)-1]
 			s.badFrames.Add(1)
 			if !flush() {
-				out = codec.AppendError(out, perr)
+				out = codec.AppendError(c.seal(out), perr)
 			}
 			action = gnet.Close
 			break

@@ -2,14 +2,16 @@ package netloop
 
 // Fail writes line (an E answer) after every answer already posted and then
 // closes the connection; its unanswered requests are left to the client to
-// treat as failed. Safe from any goroutine. gnet runs Wake and Close tasks in
-// the order they were queued, so the line goes out before the close. Only
-// the first call writes: two failures at once (two batches of the
-// connection given up together) must not send two E lines. Nothing is
-// posted after the line: the client reads no further, so a grant posted
-// later goes back through Backend.Orphaned instead (PostGrants refuses it).
+// treat as failed. Safe from any goroutine. The line goes through the
+// mailbox, and the loop that writes it closes the connection and reads
+// nothing more (OnTraffic): a close queued here could overtake the wake of
+// a post made just before, and the line would be lost. Only the first call
+// writes: two failures at once (two batches of the connection given up
+// together) must not send two E lines. Nothing is posted after the line:
+// the client reads no further, so a grant posted later goes back through
+// Backend.Orphaned instead (PostGrants refuses it).
 func (c *Conn) Fail(line []byte) {
 	if c.post(line, 0, nil, true) {
-		_ = c.gc.Close()
+		_ = c.gc.Wake(nil) // the mailbox may have held mail whose wake is still to come
 	}
 }

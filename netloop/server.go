@@ -77,11 +77,16 @@ type Config struct {
 }
 
 // Defaults, chosen so that one connection costs bounded memory: 4,096
-// waiting acquires and 1 MiB of unsent answers at most.
+// unanswered requests (acquires queued for their key aside: the lock
+// table's --max-waiters bounds those) and 1 MiB of unsent answers before it
+// stops being read. Late answers (to queued acquires) are written past
+// that; a connection whose unsent output reaches hardOutbound times the
+// limit is closed as one that does not read.
 const (
 	DefaultMaxInflight = 4096
 	DefaultMaxOutbound = 1 << 20
 	maxBatch           = 256 // frames handed to the Backend at once
+	hardOutbound       = 16
 )
 
 // Suggested timeouts; a zero Config field is off.
@@ -136,6 +141,9 @@ type Stats struct {
 	Orphans     int64 // grants released because their connection had gone
 	IdleClosed  int64 // connections closed by IdleTimeout
 	FrameClosed int64 // connections closed by FrameTimeout
+	// UnreadClosed counts connections closed with hardOutbound times
+	// MaxOutbound unsent: late answers kept coming to a client not reading.
+	UnreadClosed int64
 }
 
 // Server is the network side of one ticketd process.
@@ -151,6 +159,7 @@ type Server struct {
 	acquires, releases, badFrames atomic.Int64
 	paused, late, orphans         atomic.Int64
 	idleClosed, frameClosed       atomic.Int64
+	unreadClosed                  atomic.Int64
 
 	timeouts bool      // IdleTimeout or FrameTimeout is set
 	epoch    time.Time // origin of the timeout stamps; see timeout.go
@@ -275,16 +284,17 @@ func (s *Server) Conn(id uint64) *Conn { return s.reg.get(id) }
 // Stats reads the counters.
 func (s *Server) Stats() Stats {
 	return Stats{
-		Conns:       s.conns.Load(),
-		Accepted:    s.accepted.Load(),
-		Refused:     s.refused.Load(),
-		Acquires:    s.acquires.Load(),
-		Releases:    s.releases.Load(),
-		BadFrames:   s.badFrames.Load(),
-		Paused:      s.paused.Load(),
-		LateAnswers: s.late.Load(),
-		Orphans:     s.orphans.Load(),
-		IdleClosed:  s.idleClosed.Load(),
-		FrameClosed: s.frameClosed.Load(),
+		Conns:        s.conns.Load(),
+		Accepted:     s.accepted.Load(),
+		Refused:      s.refused.Load(),
+		Acquires:     s.acquires.Load(),
+		Releases:     s.releases.Load(),
+		BadFrames:    s.badFrames.Load(),
+		Paused:       s.paused.Load(),
+		LateAnswers:  s.late.Load(),
+		Orphans:      s.orphans.Load(),
+		IdleClosed:   s.idleClosed.Load(),
+		FrameClosed:  s.frameClosed.Load(),
+		UnreadClosed: s.unreadClosed.Load(),
 	}
 }

@@ -1,7 +1,6 @@
 package netloop
 
 import (
-	"bytes"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -62,11 +61,11 @@ func (s *Server) timeoutLoop() {
 // watch updates c's stamps at the end of an OnTraffic in which buf was the
 // inbound data, consumed bytes of it were parsed and answers were written if
 // wrote, and closes c if one of its timeouts has passed. Loop only.
-func (c *Conn) watch(buf []byte, consumed int, wrote bool) gnet.Action {
+func (c *Conn) watch(held, consumed int, lineLeft, wrote bool) gnet.Action {
 	s := c.s
 	now := s.now()
-	got := len(buf) > c.held // new bytes came in this time
-	c.held = len(buf) - consumed
+	got := held > c.held // new bytes came in this time
+	c.held = held - consumed
 
 	// Quiet: nothing read, written or pending. A connection waiting for
 	// answers (inflight) or paused is left to the wake-up that ends that
@@ -90,7 +89,7 @@ func (c *Conn) watch(buf []byte, consumed int, wrote bool) gnet.Action {
 	// connection's rest waits on us, not on the client.
 	partial := c.partialFrom.Load()
 	switch {
-	case c.held == 0 || c.paused || bytes.IndexByte(buf[consumed:], '\n') >= 0:
+	case c.held == 0 || c.paused || lineLeft:
 		partial = 0
 	case consumed > 0 || partial == 0: // a frame begun in this read
 		partial = now
