@@ -70,8 +70,14 @@ func (s *Server) acceptLoop() {
 		c := &Conn{id: s.nextID.Add(1), s: s, epfd: -1}
 		s.conns.Add(1)
 		// Enroll duplicates the descriptor, closes nc and returns once
-		// OnOpen has run on the connection's loop.
-		if _, err := s.cli.EnrollContext(nc, c); err != nil {
+		// OnOpen has run on the connection's loop, or once the loop
+		// failed to add it to its poller: gnet reports no error then
+		// (epoll_ctl's ENOSPC at fs.epoll.max_user_watches), and OnOpen,
+		// which sets gc, never ran.
+		if _, err := s.cli.EnrollContext(nc, c); err != nil || c.gc == nil {
+			if err == nil {
+				err = errors.New("the event loop could not poll the connection")
+			}
 			s.conns.Add(-1)
 			s.refused.Add(1)
 			if time.Since(lastWarn) > time.Second {
