@@ -91,6 +91,9 @@ type slot struct {
 	// connection to home, guarded by ncMu) takes its place and sends them.
 	moving   atomic.Bool
 	homeConn net.Conn
+	// ending: the reader met an E line or a bad answer; nothing more is
+	// written on the connection.
+	ending   atomic.Bool
 	homePace redial.Home // run goroutine only, read by goHome while serve runs
 }
 
@@ -257,6 +260,7 @@ func (s *slot) serve(nc net.Conn) {
 	// Open the stack before the writer starts: the writer must never take
 	// the closed mark for a call.
 	s.moving.Store(false)
+	s.ending.Store(false)
 	s.head.CompareAndSwap(closedCall, nil)
 	s.sendHeld()
 	s.try.reset(nc)
@@ -668,7 +672,7 @@ func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{
 			return
 		}
 		s.wmu.Lock()
-		for len(s.w.rest) > 0 || s.head.Load() != nil && !s.moving.Load() {
+		for len(s.w.rest) > 0 && !s.ending.Load() || s.head.Load() != nil && !s.moving.Load() && !s.ending.Load() {
 			// Callers that were just woken are about to push their next
 			// requests: let them run first, and write all of it at once.
 			// One write per request would cost a syscall each.
@@ -742,8 +746,8 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 			return false
 		}
 	}
-	if s.moving.Load() {
-		return true // held for the connection home (goHome)
+	if s.moving.Load() || s.ending.Load() {
+		return true // held for the connection home (goHome), or another one
 	}
 	h := s.head.Swap(nil)
 	if h == nil {
@@ -897,6 +901,12 @@ func (s *slot) readLoop(nc net.Conn) error {
 				batch = append(batch, c)
 			}
 			s.mu.Unlock()
+			if perr != nil {
+				// The connection ends here: what the callers woken below
+				// send next stays queued, for another connection to carry
+				// (failUnsent), rather than go out on this one unanswered.
+				s.ending.Store(true)
+			}
 			// Answers before an E line or a bad one are good. The callers
 			// woken here mostly reply at once (a release after a grant, the
 			// next acquire after a release): let them, then wake the writer

@@ -156,3 +156,42 @@ func TestCloseFailsAHeldReleaseWithErrClosed(t *testing.T) {
 		t.Fatalf("Release = %v, want an unknown outcome that wraps ErrClosed", err)
 	}
 }
+
+// A call made by a caller woken by an answer that came just before an E line
+// is not written to the connection that the E ends: it is left to another
+// connection, as one never sent (or carried out there).
+func TestCallsAfterAnELineGoElsewhere(t *testing.T) {
+	var after atomic.Int64
+	ending, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		f := readFields(t, r)
+		if f == nil {
+			return
+		}
+		fmt.Fprintf(nc, "A 1 %s %s\nE syntax bad\n", f[1], f[2])
+		for readFields(t, r) != nil {
+			after.Add(1)
+		}
+	})
+	cl := dial(t, ending, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
+	next := make(chan error, 1)
+	err := cl.AcquireFunc("k1", time.Minute, 0, func(_ client.Lock, err error) {
+		if err != nil {
+			next <- err
+			return
+		}
+		if err := cl.AcquireFunc("k2", time.Minute, 0, func(_ client.Lock, err error) { next <- err }); err != nil {
+			next <- err
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = <-next
+	if err == nil || errors.Is(err, client.ErrOutcomeUnknown) || !errors.Is(err, client.ErrConnBroken) {
+		t.Fatalf("the call made after the answer before E: %v, want a *ConnError that it was not sent", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := after.Load(); n != 0 {
+		t.Fatalf("the server read %d requests after its E line", n)
+	}
+}
