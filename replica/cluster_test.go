@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lni/dragonboat/v4"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ticketd/ticketd/internal/serverproc"
@@ -475,6 +476,43 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	y := c.dial(1)
 	y.send("R 1 k")
 	y.expect("R 1 k")
+}
+
+// A replace with a wrong id or address is refused before any shard
+// changes: taking out a live node (with the lost one still counted) would
+// leave its shards without a quorum for good, and adding a member that is
+// one already, or at another's address, would leave shards with members
+// nobody starts.
+func TestReplaceRefusesWrongIDs(t *testing.T) {
+	defer func(d time.Duration) { replaceSeenDown = d }(replaceSeenDown)
+	replaceSeenDown = 500 * time.Millisecond
+	c := newTestCluster(t, 2)
+	c.stop(2) // node 3 is lost
+	n := c.nodes[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, r := range []struct {
+		old, new uint32
+		addr     string
+		want     string
+	}{
+		{2, 4, freePort(t), "node 2 is reachable"},
+		{1, 4, freePort(t), "node 1 is this node"},
+		{3, 2, c.peers[2], "node 2 is already a member"},
+		{7, 4, freePort(t), "node 7 is not a member"},
+		{3, 4, c.peers[2], "is the raft address of node 2"},
+	} {
+		err := n.Replace(ctx, r.old, r.new, r.addr)
+		if err == nil || !strings.Contains(err.Error(), r.want) {
+			t.Fatalf("Replace(%d, %d, %s) = %v, want %q", r.old, r.new, r.addr, err, r.want)
+		}
+	}
+	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+	for _, si := range info.ShardInfoList {
+		if len(si.Replicas) != 3 {
+			t.Fatalf("shard %d has members %v after refused replaces", si.ShardID-1, si.Replicas)
+		}
+	}
 }
 
 // A replace asked of a node that has stopped is refused, not a panic.

@@ -1436,6 +1436,9 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 	if old == 0 || new == 0 || old == new {
 		return errors.New("replica: replace needs two different positive node ids")
 	}
+	if old == n.opt.NodeID {
+		return fmt.Errorf("replica: node %d is this node, which is up: run the replace on a live node in place of one whose data dir is lost", old)
+	}
 	leave, err := n.enter()
 	if err != nil {
 		return err
@@ -1443,6 +1446,9 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 	defer leave()
 	ctx, cancel := n.untilStop(ctx)
 	defer cancel()
+	if err := n.checkReplace(ctx, old, new, addr); err != nil {
+		return err
+	}
 	for _, g := range n.grps {
 		// A change forwarded to a leader that just went is lost silently
 		// (like a proposal): each step is tried in short attempts, checked
@@ -1458,6 +1464,66 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 		n.log.Info("shard members changed", zap.Int("shard", g.idx), zap.Uint32("removed", old), zap.Uint32("added", new), zap.String("addr", addr))
 	}
 	return nil
+}
+
+// replaceSeenDown is how long Replace waits for the node it takes out to be
+// seen unreachable (a node stopped just before is, within a heartbeat or
+// two), before it refuses. A variable for tests.
+var replaceSeenDown = 5 * time.Second
+
+// checkReplace refuses a replace that would cost a shard its quorum or add
+// a member nobody will start: old must be a member of every shard not yet
+// changed (or the shard a member short: a replace cut short between its
+// steps), and unreachable over raft (a replace is for a node whose data
+// dir is lost, which is down: taking out a live one, by a wrong id, would
+// leave a shard with two live members of three while the lost one is
+// still counted); new must not be a member yet, nor addr another member's.
+// A shard already changed (old out, new in) is skipped, so a replace that
+// was cut short can be run again.
+func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) error {
+	seenUp := time.Now().Add(replaceSeenDown)
+	for {
+		info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+		if info == nil {
+			return errStopping
+		}
+		n.mu.Lock()
+		reach := maps.Clone(n.reach)
+		n.mu.Unlock()
+		up := false
+		for _, si := range info.ShardInfoList {
+			m := si.Replicas
+			oldAddr, hasOld := m[uint64(old)]
+			_, hasNew := m[uint64(new)]
+			switch {
+			case !hasOld && hasNew:
+				continue // changed before
+			case hasNew:
+				return fmt.Errorf("replica: node %d is already a member of shard %d", new, si.ShardID-1)
+			case !hasOld && len(m) >= len(n.opt.Peers):
+				// Not a replace cut short between its two steps (which
+				// leaves the shard a member short): a wrong id.
+				return fmt.Errorf("replica: node %d is not a member of shard %d", old, si.ShardID-1)
+			}
+			for id, a := range m {
+				if a == addr && id != uint64(old) {
+					return fmt.Errorf("replica: %s is the raft address of node %d", addr, id)
+				}
+			}
+			up = up || hasOld && reach[oldAddr]
+		}
+		if !up {
+			return nil
+		}
+		if time.Now().After(seenUp) {
+			return fmt.Errorf("replica: node %d is reachable over raft: a replace takes out a node whose data dir is lost, which is down; stop it first, and check the ids", old)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // errStopping answers an operator's call made while the node closes.
