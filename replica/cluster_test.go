@@ -777,6 +777,31 @@ func TestClusterRefusesADataDirThatLostItsRaftState(t *testing.T) {
 	}
 }
 
+// So is one whose raft/ is there but empty (a separate mount that failed
+// and left its mountpoint, files deleted): none of its shards is in it.
+func TestClusterRefusesADataDirWhoseRaftStateIsEmpty(t *testing.T) {
+	c := newTestCluster(t, 2)
+	c.stop(2)
+	raft := filepath.Join(c.dirs[2], "raft")
+	if err := os.RemoveAll(raft); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(raft, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
+	opt.Logger = zaptest.NewLogger(t)
+	n, err := Start(opt)
+	if err == nil {
+		n.Close()
+		t.Fatal("a node whose raft/ is empty started")
+	}
+	if !strings.Contains(err.Error(), "holds none of its shards") || !strings.Contains(err.Error(), c.dirs[2]) {
+		t.Errorf("refusal %q does not say what is wrong and where", err)
+	}
+}
+
 // The limits decide answers in the state machine, so a node restarted with
 // others must not replay the log to other outcomes than its peers (and its
 // own clients saw): it replays it under the limits the log holds, and stops

@@ -32,6 +32,10 @@ type identity struct {
 	// RaftMade: the raft state under raft/ was made (a start got as far
 	// as its node host); from then on a start without it is refused.
 	RaftMade bool `json:"raft_made,omitempty"`
+	// ShardsMade: every shard's replica was started once; from then on a
+	// start that finds none of them in raft/ (emptied: a mount that failed
+	// and left its mountpoint, files deleted) is refused.
+	ShardsMade bool `json:"shards_made,omitempty"`
 	// The limits are not here: the shards' logs hold them (see fsm.adopt),
 	// and they may change while the cluster runs. Limits, kept as found, are
 	// those an earlier ticketd pinned here at the node's first start: the
@@ -95,7 +99,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 				"starting would forget what it acknowledged; bring the node back as a replacement with an empty data dir (README: replacing a node)",
 				path, old.Node)
 		}
-		id.Incarnation, id.RaftMade, id.Limits = old.Incarnation, old.RaftMade, old.Limits
+		id.Incarnation, id.RaftMade, id.ShardsMade, id.Limits = old.Incarnation, old.RaftMade, old.ShardsMade, old.Limits
 	case errors.Is(err, os.ErrNotExist):
 		if _, err := os.Stat(filepath.Join(path, "raft")); err == nil {
 			d.close()
@@ -128,6 +132,18 @@ func (d *dataDir) raftMade() error {
 		return nil
 	}
 	d.id.RaftMade = true
+	if err := writeSynced(filepath.Join(d.path, identityFile), &d.id); err != nil {
+		return fmt.Errorf("cannot write to data dir %q: %w", d.path, err)
+	}
+	return nil
+}
+
+// shardsMade records that every shard's replica has started once.
+func (d *dataDir) shardsMade() error {
+	if d.id.ShardsMade {
+		return nil
+	}
+	d.id.ShardsMade = true
 	if err := writeSynced(filepath.Join(d.path, identityFile), &d.id); err != nil {
 		return fmt.Errorf("cannot write to data dir %q: %w", d.path, err)
 	}

@@ -306,6 +306,13 @@ func Start(opt Options) (*Node, error) {
 		return nil, fmt.Errorf("cannot start the raft node host in %q: %w", nhc.NodeHostDir, err)
 	}
 	n.nh = nh
+	if dir.id.ShardsMade && !anyShard(nh, opt.NodeID, opt.Shards) {
+		nh.Close()
+		dir.close()
+		return nil, fmt.Errorf("data dir %q belongs to node %d, whose raft state under raft/ holds none of its shards: "+
+			"starting would forget what it acknowledged; bring the node back as a replacement with an empty data dir (README: replacing a node)",
+			dir.path, opt.NodeID)
+	}
 	if err := dir.raftMade(); err != nil {
 		nh.Close()
 		dir.close()
@@ -370,6 +377,11 @@ func Start(opt Options) (*Node, error) {
 			return nil, fmt.Errorf("cannot start shard %d: %w", i, err)
 		}
 		g.sess = nh.GetNoOPSession(g.id)
+	}
+	if err := dir.shardsMade(); err != nil {
+		nh.Close()
+		dir.close()
+		return nil, err
 	}
 	n.log.Info("cluster node started",
 		zap.Uint32("node", opt.NodeID), zap.Uint64("incarnation", n.inc),
@@ -1524,6 +1536,16 @@ func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) e
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// anyShard tells whether raft/ holds this node's replica of some shard.
+func anyShard(nh *dragonboat.NodeHost, node uint32, shards int) bool {
+	for id := uint64(1); id <= uint64(shards); id++ {
+		if nh.HasNodeInfo(id, uint64(node)) {
+			return true
+		}
+	}
+	return false
 }
 
 // errStopping answers an operator's call made while the node closes.
