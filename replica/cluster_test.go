@@ -515,6 +515,30 @@ func TestReplaceRefusesWrongIDs(t *testing.T) {
 	}
 }
 
+// A node taken out of its shards while it runs (here node 1 cannot tell it
+// is up, as when only its link to node 1 is cut) applies its own removal:
+// it stops, saying why, rather than answer ready and serve nothing.
+func TestNodeRemovedWhileRunningStops(t *testing.T) {
+	c := newTestCluster(t, 2)
+	n, victim := c.nodes[0], c.nodes[2]
+	n.mu.Lock()
+	n.reach[c.peers[3]] = false
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := n.Replace(ctx, 3, 4, freePort(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-victim.Failed():
+		if err := victim.Err(); err == nil || !strings.Contains(err.Error(), "was removed from shard") {
+			t.Fatalf("the removed node stopped with %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the removed node runs on")
+	}
+}
+
 // A replace asked of a node that has stopped is refused, not a panic.
 func TestReplaceOnAStoppedNodeFails(t *testing.T) {
 	c := newTestCluster(t, 1)

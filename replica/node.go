@@ -2139,8 +2139,8 @@ func (n *Node) Close() error {
 	return nil
 }
 
-// Failed is closed when the node finds its settings are not the cluster's
-// (Err says so). A node that cannot write its log stops inside Dragonboat,
+// Failed is closed when the node finds its settings are not the cluster's,
+// or that it was removed from a shard (Err says so). A node that cannot write its log stops inside Dragonboat,
 // which halts the process.
 func (n *Node) Failed() <-chan struct{} { return n.failed }
 
@@ -2167,10 +2167,23 @@ func (n *Node) setReach(addr string, ok bool) {
 	n.reach[addr] = ok
 	n.mu.Unlock()
 }
-func (n *Node) NodeHostShuttingDown()        {}
-func (n *Node) NodeUnloaded(raftio.NodeInfo) {}
-func (n *Node) NodeDeleted(raftio.NodeInfo)  {}
-func (n *Node) NodeReady(raftio.NodeInfo)    {}
+func (n *Node) NodeHostShuttingDown() {}
+func (n *Node) NodeUnloaded(info raftio.NodeInfo) {
+	if n.closing.Load() || info.ReplicaID != uint64(n.opt.NodeID) {
+		return
+	}
+	// Unloaded while running: this node applied its own removal (a
+	// replace took it out while it was down, and it came back). It must
+	// not serve, nor look ready: it stops.
+	n.failOnce.Do(func() {
+		n.failErr = fmt.Errorf("this node (node %d) was removed from shard %d: a replace took it out while it was down, and the new node has its place; it must not run again (README: replacing a node)",
+			n.opt.NodeID, info.ShardID-1)
+		n.log.Error("stopping: removed from the cluster", zap.Error(n.failErr))
+		close(n.failed)
+	})
+}
+func (n *Node) NodeDeleted(raftio.NodeInfo) {}
+func (n *Node) NodeReady(raftio.NodeInfo)   {}
 func (n *Node) MembershipChanged(raftio.NodeInfo) {
 	select {
 	case n.membersChanged <- struct{}{}:
