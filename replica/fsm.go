@@ -46,7 +46,7 @@ type sink interface {
 	// or noticeDrained) from node, stamped on its clock.
 	notice(shardIdx int, node uint32, kind uint64, stamp int64)
 	// renew passes on the renewals of grants this replica applied too
-	// late to answer (fsm.late), for this node to propose.
+	// late to answer (fsm.judge), for this node to propose.
 	renew(shardIdx int, cmds []shard.Command)
 	// lapsed passes on this node's grants that came too late even to renew
 	// (Acquired: to be released), or whose renewal found the lease ended

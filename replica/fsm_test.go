@@ -326,7 +326,7 @@ func TestFSMCoversALeaseGrantedLate(t *testing.T) {
 }
 
 // A grant this replica applies more than half the skew after the time its
-// lease counts from is not answered but renewed (fsm.late); the renewal is
+// lease counts from is not answered but renewed (fsm.judge); the renewal is
 // answered if it comes back within the lateness it allows itself and half
 // the skew, else renewed again; a grant later than its lease and the skew,
 // or whose token no longer holds, is lapsed. An Expire made for the lease

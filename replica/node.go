@@ -586,7 +586,7 @@ func (n *Node) deliver(idx int, ans []shard.Answer) {
 func (n *Node) orphaned(gr netloop.Grant) { n.Orphaned(gr.Token, gr.Key) }
 
 // renew implements sink: it proposes the renewals of grants this replica
-// applied too late to answer (fsm.late). Each is answered when it applies;
+// applied too late to answer (fsm.judge). Each is answered when it applies;
 // if it is given up, its connection hears E unavailable as for any request.
 func (n *Node) renew(idx int, cmds []shard.Command) {
 	g := n.grps[idx]
@@ -1654,7 +1654,7 @@ type Counters struct {
 	TimerCommands          int64 // Expire and WaitTimeout commands proposed as leader
 	LeaderChanges, Orphans int64
 	SnapshotsReceived      int64
-	Renewals               int64 // grants applied too late to answer, renewed (fsm.late)
+	Renewals               int64 // grants applied too late to answer, renewed (fsm.judge)
 }
 
 // Counters reads the counters.
