@@ -248,7 +248,10 @@ func checkDurability(key string, grants []*Op, releases map[uint64][]*Op, crashe
 				}
 			}
 			for _, c := range crashes {
-				if c.Start > g.Invoke && c.Start < rel.Complete {
+				// The process may have died after it made the grant: the
+				// kill is sent at Start and lands a moment later, so a
+				// grant sent just after Start may still be answered.
+				if c.End > g.Invoke && c.Start < rel.Complete {
 					explained = true
 				}
 			}
