@@ -534,6 +534,9 @@ func TestNodeRemovedWhileRunningStops(t *testing.T) {
 		if err := victim.Err(); err == nil || !strings.Contains(err.Error(), "was removed from shard") {
 			t.Fatalf("the removed node stopped with %v", err)
 		}
+		if victim.Ready() {
+			t.Fatal("the removed node answers ready")
+		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the removed node runs on")
 	}
@@ -742,6 +745,9 @@ func TestClusterStopAnswersWhatItTook(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	n0.Quiesce()
+	if n0.Ready() {
+		t.Fatal("a stopping node answers ready")
+	}
 	a.send("A o late 60000 0")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -1428,8 +1428,12 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	}
 }
 
-// Ready is true while this node knows a leader for every shard.
+// Ready is true while this node knows a leader for every shard, and is
+// neither stopping (it no longer carries out what it reads) nor failed.
 func (n *Node) Ready() bool {
+	if n.closing.Load() || n.Err() != nil {
+		return false
+	}
 	for _, g := range n.grps {
 		if g.leader.Load() == 0 {
 			return false
