@@ -252,10 +252,12 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 			if r.err != nil || len(r.b) != 0 {
 				return 0, errEntry
 			}
-			// A change of limits cannot change the shard count, and one of
-			// an older ticketd (no skew) keeps the skew known.
+			// A change of limits cannot change the shard count, nor the
+			// skew: it carries its sender's, which may be one started
+			// otherwise that has not yet found so (a skew left unknown by
+			// an older ticketd is taken from it, as from settings).
 			if f.set == nil || h.floor == noticeLimits && s.shards == f.set.shards && (h.stamp == 0 || h.stamp > f.setAt) {
-				if s.skew == 0 && f.set != nil {
+				if f.set != nil && (s.skew == 0 || f.set.skew != 0) {
 					s.skew = f.set.skew
 				}
 				f.adopt(s, h.node)

@@ -758,6 +758,27 @@ func TestFSMChangesLimitsWhereTheLogSays(t *testing.T) {
 	}
 }
 
+// A change of limits carries its sender's skew, but does not change the
+// shard's: a node started with another skew may send one before its own
+// settings are found to differ.
+func TestFSMLimitsChangeKeepsTheSkew(t *testing.T) {
+	enc := func(kind uint64, stamp, skew int64) sm.Entry {
+		b := appendHeader(nil, header{node: 2, inc: 1, floor: kind, stamp: stamp})
+		return sm.Entry{Cmd: appendSettings(b, settings{shards: 1, limits: limits{MaxKeys: 5}, skew: skew})}
+	}
+	f := newFSM(0, 1, shard.Config{}, nil)
+	es := []sm.Entry{enc(noticeSettings, 1e9, 500e6), enc(noticeLimits, 2e9, 100e6)}
+	for i := range es {
+		es[i].Index = uint64(i) + 1
+	}
+	if _, err := f.Update(es); err != nil {
+		t.Fatal(err)
+	}
+	if set, _, ok := f.settings(); !ok || set.skew != 500e6 || set.MaxKeys != 5 {
+		t.Fatalf("settings %v, want the limits changed and the skew kept at 500ms", set)
+	}
+}
+
 // A change of limits stamped no later than the one the shard has is a copy
 // retried after a later change (or made before it): it does not undo the
 // later one, also after a snapshot.
