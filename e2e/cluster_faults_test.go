@@ -281,22 +281,32 @@ func TestClusterPauseLeader(t *testing.T) {
 	c.agree()
 }
 
+// lagHandOver starts a cluster in which w, on a follower of the shard of
+// "hot0", waits with a lease of leaseMs behind h's grant tok; it pauses
+// that node (lag; the caller resumes it) and has h release, so the
+// hand-over to w commits on the other two. x is a connection to the third
+// node.
+func lagHandOver(t *testing.T, leaseMs int) (c *cluster, lag int, w, x *conn, tok uint64) {
+	c = startCluster(t)
+	lead := c.leader() // of shard 0, which key "hot0" is on with 4 shards
+	lag = (lead + 1) % 3
+	h := c.dial(lead)
+	w, x = c.dial(lag), c.dial((lead+2)%3)
+	tok = h.acquire("h", "hot0", 10000, 0)
+	w.send(acq("w", "hot0", leaseMs, 30000))
+	w.sync("hot0") // queued, and applied on the lagging node
+	c.signal(lag, syscall.SIGSTOP)
+	h.release(tok, "hot0")
+	return c, lag, w, x, tok
+}
+
 // A node that applies a hand-over late (here: paused while the release
 // commits on the other two) must not answer it at once: its holder counts
 // the lease from the answer, and the leader would end it from the release's
 // time. It renews the grant through the log and answers once the renewal is
 // back, so nobody else gets the key within the lease after that answer.
 func TestClusterLaggingNodeRenewsALateGrant(t *testing.T) {
-	c := startCluster(t)
-	lead := c.leader() // of shard 0, which key "hot0" is on with 4 shards
-	lag := (lead + 1) % 3
-	h, w, x := c.dial(lead), c.dial(lag), c.dial((lead+2)%3)
-	tok := h.acquire("h", "hot0", 10000, 0)
-	w.send(acq("w", "hot0", 1000, 30000))
-	w.sync("hot0") // queued, and applied on the lagging node
-
-	c.signal(lag, syscall.SIGSTOP)
-	h.release(tok, "hot0")
+	c, lag, w, x, tok := lagHandOver(t, 1000)
 	time.Sleep(700 * time.Millisecond) // past half the skew (500ms), within the 800ms a node waits without a leader
 	c.signal(lag, syscall.SIGCONT)
 
@@ -321,16 +331,7 @@ func TestClusterLaggingNodeRenewsALateGrant(t *testing.T) {
 // paused) is not renewed: the waiter's connection is told the outcome is
 // unknown, and the key is not held for it.
 func TestClusterLaggingNodeLapsedGrant(t *testing.T) {
-	c := startCluster(t)
-	lead := c.leader() // of shard 0, which key "hot0" is on with 4 shards
-	lag := (lead + 1) % 3
-	h, w, x := c.dial(lead), c.dial(lag), c.dial((lead+2)%3)
-	tok := h.acquire("h", "hot0", 10000, 0)
-	w.send(acq("w", "hot0", 200, 30000))
-	w.sync("hot0")
-
-	c.signal(lag, syscall.SIGSTOP)
-	h.release(tok, "hot0")
+	c, lag, w, x, tok := lagHandOver(t, 200)
 	x.send(acq("x", "hot0", 10000, 30000))
 	if got := x.expectAcquired("x", "hot0"); got != tok+2 { // after w's 200ms and the skew
 		t.Fatalf("x got token %d, want %d", got, tok+2)

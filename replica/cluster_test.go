@@ -787,48 +787,41 @@ func TestClusterStopAnswersWhatItTook(t *testing.T) {
 // A node whose raft state is gone but whose data dir says it had one is
 // refused: started, it would bootstrap again with its votes and the
 // entries it acknowledged forgotten, and with another node down a
-// committed grant could be lost and its token given out again.
+// committed grant could be lost and its token given out again. So is one
+// whose raft/ is there but empty (a separate mount that failed and left
+// its mountpoint, files deleted): none of its shards is in it.
 func TestClusterRefusesADataDirThatLostItsRaftState(t *testing.T) {
-	c := newTestCluster(t, 1)
-	c.stop(2)
-	if err := os.RemoveAll(filepath.Join(c.dirs[2], "raft")); err != nil {
-		t.Fatal(err)
-	}
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
-	opt.Logger = zaptest.NewLogger(t)
-	n, err := Start(opt)
-	if err == nil {
-		n.Close()
-		t.Fatal("a node whose raft state is gone started")
-	}
-	if !strings.Contains(err.Error(), "raft state") || !strings.Contains(err.Error(), c.dirs[2]) {
-		t.Errorf("refusal %q does not say what is wrong and where", err)
-	}
-}
-
-// So is one whose raft/ is there but empty (a separate mount that failed
-// and left its mountpoint, files deleted): none of its shards is in it.
-func TestClusterRefusesADataDirWhoseRaftStateIsEmpty(t *testing.T) {
-	c := newTestCluster(t, 2)
-	c.stop(2)
-	raft := filepath.Join(c.dirs[2], "raft")
-	if err := os.RemoveAll(raft); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(raft, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
-	opt.Logger = zaptest.NewLogger(t)
-	n, err := Start(opt)
-	if err == nil {
-		n.Close()
-		t.Fatal("a node whose raft/ is empty started")
-	}
-	if !strings.Contains(err.Error(), "holds none of its shards") || !strings.Contains(err.Error(), c.dirs[2]) {
-		t.Errorf("refusal %q does not say what is wrong and where", err)
+	for _, tc := range []struct {
+		name, want string
+		empty      bool
+	}{
+		{"raft/ gone", "raft state", false},
+		{"raft/ empty", "holds none of its shards", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCluster(t, 2)
+			c.stop(2)
+			raft := filepath.Join(c.dirs[2], "raft")
+			if err := os.RemoveAll(raft); err != nil {
+				t.Fatal(err)
+			}
+			if tc.empty {
+				if err := os.Mkdir(raft, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			opt := c.opt
+			opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
+			opt.Logger = zaptest.NewLogger(t)
+			n, err := Start(opt)
+			if err == nil {
+				n.Close()
+				t.Fatalf("a node with %s started", tc.name)
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), c.dirs[2]) {
+				t.Errorf("refusal %q does not say what is wrong and where", err)
+			}
+		})
 	}
 }
 

@@ -127,23 +127,17 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 
 // raftMade records that the raft state exists, once the node host that
 // keeps it has started.
-func (d *dataDir) raftMade() error {
-	if d.id.RaftMade {
-		return nil
-	}
-	d.id.RaftMade = true
-	if err := writeSynced(filepath.Join(d.path, identityFile), &d.id); err != nil {
-		return fmt.Errorf("cannot write to data dir %q: %w", d.path, err)
-	}
-	return nil
-}
+func (d *dataDir) raftMade() error { return d.mark(&d.id.RaftMade) }
 
 // shardsMade records that every shard's replica has started once.
-func (d *dataDir) shardsMade() error {
-	if d.id.ShardsMade {
+func (d *dataDir) shardsMade() error { return d.mark(&d.id.ShardsMade) }
+
+// mark sets one of the identity's flags, durably, if it is not set yet.
+func (d *dataDir) mark(flag *bool) error {
+	if *flag {
 		return nil
 	}
-	d.id.ShardsMade = true
+	*flag = true
 	if err := writeSynced(filepath.Join(d.path, identityFile), &d.id); err != nil {
 		return fmt.Errorf("cannot write to data dir %q: %w", d.path, err)
 	}

@@ -403,6 +403,7 @@ func (f *fsm) judge() {
 		return
 	}
 	local := f.clock()
+	taken := false
 	for _, g := range f.grants {
 		late := local - g.since
 		if late <= g.allow+f.skew/2 {
@@ -415,9 +416,11 @@ func (f *fsm) judge() {
 			f.renews = append(f.renews, shard.Command{Op: shard.OpRenew, From: a.To, Owner: a.Owner, Key: a.Key,
 				Token: a.Token, LeaseMs: g.lease, WaitMs: uint64((late + 1e6 - 1) / 1e6)})
 		}
-		a.To.Conn = 0 // taken out
+		a.To.Conn, taken = 0, true // taken out
 	}
-	f.mine = slices.DeleteFunc(f.mine, func(a shard.Answer) bool { return a.To.Conn == 0 })
+	if taken {
+		f.mine = slices.DeleteFunc(f.mine, func(a shard.Answer) bool { return a.To.Conn == 0 })
+	}
 }
 
 // cover records how late this replica applied the grants among ans, and
