@@ -210,8 +210,10 @@ type group struct {
 	next  uint64              // batch id of the next proposal
 	open  map[uint64]struct{} // batch ids in flight: the floor is the least
 	force bool                // propose even an empty batch (see quorumLoop)
-	// agreed: this node's settings matched the shard's (proposer only).
-	agreed bool
+	// agreed: this node's settings matched the shard's, its notice
+	// committed and applied here, so this node has caught up with what the
+	// shard had committed when it started (set by the proposer).
+	agreed atomic.Bool
 	// later holds withdraws until the batches sent before them settle:
 	// a retry of one of those committing after the withdraw would queue an
 	// acquire of a connection that is gone (see withdraw).
@@ -723,17 +725,29 @@ func (g *group) leaderChanged() <-chan struct{} {
 	return g.changeCh
 }
 
+// noticeAtLeaderChange is false only in a test of a node whose notice has
+// not committed yet.
+var noticeAtLeaderChange = true
+
 // proposer turns what add queued into proposals, up to maxInflight at once;
 // everything queued while they are in flight goes into the next one.
 func (g *group) proposer() {
 	defer g.n.wg.Done()
 	for {
+		// Until the notice commits, a leader change tries it again: a
+		// node started before its peers, with nothing queued, would
+		// otherwise stay unready until its first request.
+		var changed <-chan struct{}
+		if !g.agreed.Load() && g.n.Err() == nil && noticeAtLeaderChange {
+			changed = g.leaderChanged()
+		}
 		select {
 		case <-g.n.stop:
 			return
 		case <-g.kick:
+		case <-changed:
 		}
-		if !g.agreed && !g.announce() {
+		if !g.agreed.Load() && !g.announce() {
 			continue
 		}
 		for {
@@ -801,7 +815,7 @@ func (g *group) announce() bool {
 			n.takeLimits(set.limits, g.idx, by)
 		}
 		if mine := n.settings(); !ok || set.same(mine) {
-			g.agreed = true
+			g.agreed.Store(true)
 			if g.idx == 0 {
 				close(n.settled)
 			}
@@ -1428,14 +1442,17 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	}
 }
 
-// Ready is true while this node knows a leader for every shard, and is
-// neither stopping (it no longer carries out what it reads) nor failed.
+// Ready is true once every shard has agreed with this node's settings
+// (which also means the node has applied what the shard had committed when
+// it started: a rolling restart may take the next node down), while it
+// knows a leader for every shard and is neither stopping (it no longer
+// carries out what it reads) nor failed.
 func (n *Node) Ready() bool {
 	if n.closing.Load() || n.Err() != nil {
 		return false
 	}
 	for _, g := range n.grps {
-		if g.leader.Load() == 0 {
+		if g.leader.Load() == 0 || !g.agreed.Load() {
 			return false
 		}
 	}

@@ -277,6 +277,8 @@ func TestEarlierDataDirReplaysUnderItsPinnedLimits(t *testing.T) {
 // limits: it was started with the cluster's of its time, and stopping it
 // for a change made while it ran would leave the cluster without it.
 func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
+	noticeAtLeaderChange = false
+	defer func() { noticeAtLeaderChange = true }()
 	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
 	c.start(0)
 	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
@@ -287,7 +289,7 @@ func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
 	}
 	c.start(1)
 	c.start(2)
-	c.waitReady()
+	c.waitReadyExcept(0) // node 0 asks again only at its next request
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.nodes[1].SetLimits(ctx, 50, 0, 0); err != nil {
@@ -396,8 +398,7 @@ func TestRequestOnAnotherShardWaitsForShardZerosSecondNotice(t *testing.T) {
 }
 
 // hasSettings tells whether a settings notice has committed on g's shard,
-// which its proposer's agreed needs; agreed itself is the proposer's own,
-// not for a test goroutine to read.
+// which its proposer's agreed needs.
 func hasSettings(g *group) bool {
 	f := g.fsm.Load()
 	if f == nil {
