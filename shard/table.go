@@ -85,6 +85,9 @@ type Answer struct {
 	Owner    []byte
 	Key      []byte
 	Deadline int64 // Acquired: when the lease ends
+	// Waited: Acquired by a hand-over to a queued acquire, whose holder
+	// dates its lease from the answer, not from its send.
+	Waited bool
 }
 
 // maxFree bounds each free list: enough to absorb churn, small enough that a burst does not
@@ -614,6 +617,23 @@ func (t *Table) SetLimits(maxKeys, maxWaitersPerKey, maxWaiters int) {
 // MaxDeadline is the latest lease deadline ever granted (lease high-water mark).
 func (t *Table) MaxDeadline() int64 { return t.maxDeadline }
 
+// Extend moves the lease of key's grant token to end no earlier than
+// deadline: single mode's answer to a hand-over that leaves late (see
+// single.Runner). false if token no longer holds key. Not for a Replicated
+// table, whose deadlines move only by the log (OpRenew).
+func (t *Table) Extend(key []byte, token uint64, deadline int64) bool {
+	e := t.keys.get(key)
+	if e == nil || !e.live || e.token != token {
+		return false
+	}
+	if deadline > e.deadline {
+		e.deadline = deadline
+		t.maxDeadline = max(t.maxDeadline, deadline)
+		t.syncLease(e)
+	}
+	return true
+}
+
 // push appends a zero Answer to out for the caller to fill field by field.
 // An Answer literal in append is built in a temporary and copied with
 // 16-byte loads of its 8-byte stores, which stall on store forwarding
@@ -677,7 +697,9 @@ func (t *Table) handOver(e *entry, now int64, out []Answer) ([]Answer, bool) {
 		// w's owner bytes stay intact in the free list until a later call reuses w.
 		t.removeWaiter(w)
 		t.st.HandOvers++
-		return t.grant(out, e, now, w.from, w.owner, w.leaseMs), true
+		out = t.grant(out, e, now, w.from, w.owner, w.leaseMs)
+		out[len(out)-1].Waited = true
+		return out, true
 	}
 	return out, false
 }

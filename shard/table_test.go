@@ -483,3 +483,36 @@ func TestRenew(t *testing.T) {
 	}()
 	New(Config{}).Apply(0, &Command{Op: OpRenew, Key: []byte("k")}, nil)
 }
+
+// TestExtend: a hand-over is marked Waited (a direct grant is not), and
+// Extend moves its lease later, never earlier, with the timer that hands the
+// key on; a token that no longer holds the key is not extended.
+func TestExtend(t *testing.T) {
+	tb := New(Config{})
+	a := acq(tb, 0, 1, 1, "k", 1000, 0)
+	if a[0].Waited {
+		t.Fatalf("a direct grant is marked Waited: %+v", a)
+	}
+	acq(tb, 0, 2, 1, "k", 500, 10_000)
+	h := rel(tb, 100e6, "k", a[0].Token)
+	if len(h) != 2 || h[1].Result != Acquired || !h[1].Waited || h[1].Deadline != 600e6 {
+		t.Fatalf("hand-over %+v", h)
+	}
+	tok := h[1].Token
+	acq(tb, 0, 3, 1, "k", 500, 10_000)
+	if !tb.Extend([]byte("k"), tok, 1900e6) || tb.MaxDeadline() != 1900e6 {
+		t.Fatalf("Extend: max deadline %d", tb.MaxDeadline())
+	}
+	if !tb.Extend([]byte("k"), tok, 1200e6) {
+		t.Fatal("Extend to an earlier end refused")
+	}
+	if d := tb.Tick(1899e6, nil); len(d) != 0 {
+		t.Fatalf("lease ended before its extended end: %+v", d)
+	}
+	if d := tb.Tick(1900e6, nil); len(d) != 1 || d[0].Result != Acquired || d[0].To.Conn != 3 {
+		t.Fatalf("key not handed on at the extended end: %+v", d)
+	}
+	if tb.Extend([]byte("k"), tok, 3000e6) || tb.Extend([]byte("nokey"), 1, 3000e6) {
+		t.Fatal("extended a token that does not hold the key")
+	}
+}

@@ -103,6 +103,14 @@ func (t *fakeTimer) Stop() {
 	c.cond.Broadcast()
 }
 
+// jump moves time on by d without firing a timer: time that passes while
+// the runner is busy (a slow synced write).
+func (c *fakeClock) jump(d time.Duration) {
+	c.mu.Lock()
+	c.t += int64(d)
+	c.mu.Unlock()
+}
+
 // Advance moves time on by d, in steps that stop at every timer on the way.
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()

@@ -179,6 +179,48 @@ func TestGrantWhoseWriteFailsIsReleased(t *testing.T) {
 	c2.granted("p", "k")
 }
 
+// A hand-over whose answer leaves late (here its lease ceiling's synced
+// write takes 5 s) keeps its whole lease from the answer, which is where
+// its holder counts it from: the next waiter is granted only after that.
+func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
+	for _, loops := range []int{1, 2} {
+		t.Run(fmt.Sprintf("loops=%d", loops), func(t *testing.T) {
+			g := startRig(t, t.TempDir(), rigOpts{loops: loops})
+			h, w, x := g.dial(), g.dial(), g.dial()
+			tok := h.acquire("h", "k", 1000)
+			w.send("A w k 600000 60000")
+			time.Sleep(50 * time.Millisecond) // queued
+			var slow atomic.Bool
+			slow.Store(true)
+			g.store.setSaveErr(func(s state) error {
+				if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(true, false) {
+					g.clock.jump(5 * time.Second)
+				}
+				return nil
+			})
+			h.send(fmt.Sprintf("R %d k", tok))
+			h.expect(fmt.Sprintf("R %d k", tok))
+			w.granted("w", "k")
+			if slow.Load() {
+				t.Fatal("the hand-over did not wait for a synced write: the test did not test that")
+			}
+			answered := g.clock.now() // w counts its lease from here
+			x.send("A x k 1000 7200000")
+			time.Sleep(50 * time.Millisecond) // queued
+			g.clock.Advance(time.Duration(answered + int64(600*time.Second) - int64(time.Millisecond) - g.clock.now()))
+			_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if line, err := x.r.ReadString('\n'); err == nil {
+				t.Fatalf("%q while w, counting from its answer, still held k", line)
+			}
+			g.clock.Advance(2 * time.Millisecond)
+			x.granted("x", "k")
+			if g.r.LateRenewals() == 0 {
+				t.Error("no late renewal counted")
+			}
+		})
+	}
+}
+
 // A clean shutdown releases a grant that could not be delivered before it
 // writes the snapshot, so the restart holds no key under a token nobody
 // received.

@@ -115,6 +115,7 @@ type Runner struct {
 	// background had not kept ahead (a lease longer than any before, a
 	// burst of grants).
 	syncReserves atomic.Int64
+	renewals     atomic.Int64 // hand-overs whose lease moved on before their answer left (renewLate)
 
 	failOnce sync.Once
 	failErr  error
@@ -376,6 +377,9 @@ func (r *Runner) Err() error {
 // SyncReserves is how many ceilings were written on the request path.
 func (r *Runner) SyncReserves() int64 { return r.syncReserves.Load() }
 
+// LateRenewals counts the rounds of renewLate that moved hand-overs' leases.
+func (r *Runner) LateRenewals() int64 { return r.renewals.Load() }
+
 // Attach connects the runner to the network side it answers through and
 // starts the timers.
 func (r *Runner) Attach(srv *netloop.Server) {
@@ -571,6 +575,9 @@ func (r *Runner) route(p *part, now int64, self uint64, out []byte) ([]byte, int
 	answered := 0
 	for {
 		r.coverLeases(p)
+		if !r.isFailed.Load() {
+			now = r.renewLate(p, now)
+		}
 		held := r.isFailed.Load()
 		for i := range p.out {
 			a := &p.out[i]
@@ -604,6 +611,43 @@ func (r *Runner) route(p *part, now int64, self uint64, out []byte) ([]byte, int
 		p.out = p.t.Apply(now, &cmd, p.out[:0])
 	}
 	return out, answered
+}
+
+// lateSlack is how late a hand-over's answer may leave after the time its
+// lease was counted from: below half the shortest round trip the client
+// subtracts from the answer's arrival to date the grant.
+const lateSlack = int64(10 * time.Microsecond)
+
+// renewLate keeps the hand-overs in p.out from leaving with less lease than
+// their holders count: the table counted them from now, read before the
+// shard lock was taken (another loop may have held it through a synced
+// write), a synced write of coverLeases or reserveTokens, or a long batch.
+// Their holders count from the answer, so the leases move on by the time
+// that passed before it leaves, and the ceiling covers them again. Returns
+// the time the leases now count from. Under p.mu.
+func (r *Runner) renewLate(p *part, now int64) int64 {
+	for {
+		waited := false
+		for i := range p.out {
+			waited = waited || p.out[i].Result == shard.Acquired && p.out[i].Waited
+		}
+		if !waited {
+			return now
+		}
+		late := r.clock.now() - now
+		if late <= lateSlack {
+			return now
+		}
+		for i := range p.out {
+			if a := &p.out[i]; a.Result == shard.Acquired && a.Waited {
+				a.Deadline = satAdd(a.Deadline, late)
+				p.t.Extend(a.Key, a.Token, a.Deadline)
+			}
+		}
+		r.renewals.Add(1)
+		now += late
+		r.coverLeases(p)
+	}
 }
 
 // publishNext tells the timer loop p's earliest timer, and wakes it if that

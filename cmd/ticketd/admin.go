@@ -165,6 +165,11 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 			"Durable token or lease ceilings written on the request path, because the background raise had fallen behind; answers waited for each write's fsync.",
 			func() float64 { return float64(sr.SyncReserves()) })
 	}
+	if lr, ok := r.(interface{ LateRenewals() int64 }); ok {
+		c("ticketd_late_grants_renewed_total",
+			"Hand-overs whose lease was counted anew because their answer left late (a synced write, a wait for the shard lock).",
+			func() float64 { return float64(lr.LateRenewals()) })
+	}
 	if rd, ok := r.(interface{ Ready() bool }); ok {
 		a.mu.Lock()
 		a.readyFn = rd.Ready
