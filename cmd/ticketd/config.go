@@ -90,6 +90,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
 	}
+	c.cluster.parsed(fs)
 	return c, c.validate()
 }
 

@@ -64,6 +64,13 @@ func TestDurationFlags(t *testing.T) {
 		{"max-lease", "721h"},
 		{"shutdown-timeout", "0s"},
 		{"send-buffer", "-1"},
+		// Cluster mode's flags, in single mode: a clock offset that does
+		// not apply would pass a test without testing anything.
+		{"unsafe-test-clock-offset-file", "/nonexistent"},
+		{"max-clock-skew", "1s"},
+		{"node-id", "1"},
+		{"raft-snapshot-entries", "100"},
+		{"raft-rtt", "10ms"},
 	}
 	for _, tc := range bad {
 		_, err := parseConfig([]string{"--" + tc.flag, tc.value}, io.Discard)
