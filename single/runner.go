@@ -221,7 +221,9 @@ func (r *Runner) reserveTokens(next uint64) uint64 {
 // grant per shard, far below one per nanosecond, plus at most tokenBlock per
 // crash restart, and an earlier recovery restarted them at its own time,
 // which lies behind this one as long as the wall clock has not been set
-// back (the same assumption the lease deadlines make across restarts).
+// back (the same assumption the lease deadlines make across restarts; a
+// recovery is refused while the clock is behind the dir's last use, see
+// clockPastUse).
 func RecoveryFloor(now int64) uint64 { return uint64(max(now, 0)) }
 
 func (r *Runner) load(ld loaded, now int64) error {
@@ -247,7 +249,27 @@ func (r *Runner) load(ld loaded, now int64) error {
 			return fmt.Errorf("data dir %q holds a table of %d shards; restart with --shards=%d (or drain it first)", r.opt.DataDir, ld.st.Shards, ld.st.Shards)
 		}
 		if err := r.restore(ld.snap); err != nil {
-			return fmt.Errorf("%w: %q: %s holds a table that does not load: %v", ErrDamaged, r.opt.DataDir, snapName, err)
+			damage := fmt.Sprintf("%s holds a table that does not load: %v", snapName, err)
+			if !r.opt.RecoverDamaged {
+				return fmt.Errorf("%w: %q: %s", ErrDamaged, r.opt.DataDir, damage)
+			}
+			// Its checksum passed, so the store found nothing to recover.
+			// The state file is whole, and its ceilings cover every grant,
+			// but a recovery is one whatever was damaged (--help).
+			if err := clockPastUse(r.opt.DataDir, now, ld.lastUse); err != nil {
+				return err
+			}
+			to, err := r.store.setAsideSnapshot(now)
+			if err != nil {
+				return err
+			}
+			for i := range r.parts {
+				r.parts[i] = &part{t: r.newTable(keys, waiters)}
+			}
+			r.Recovered, r.SetAside, r.Crashed = []string{damage}, []string{to}, true
+			st.TokenCeil = max(st.TokenCeil, RecoveryFloor(now))
+			st.LeaseCeil = max(st.LeaseCeil, satAdd(satAdd(now, int64(r.opt.MaxLease)), leaseStep))
+			ld.snap = nil
 		}
 	case !ld.fresh:
 		r.Crashed = true

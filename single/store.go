@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -100,6 +101,9 @@ type durable interface {
 	putSnapshot(seq uint64, b []byte) error
 	// dropSnapshot removes it, synced, so a later crash looks like one.
 	dropSnapshot() error
+	// setAsideSnapshot renames one that does not load out of the way,
+	// synced, and returns where it went.
+	setAsideSnapshot(now int64) (string, error)
 	close() error
 	path() string
 }
@@ -128,6 +132,7 @@ type loaded struct {
 	damage    []string
 	movedTo   []string // damaged files set aside (recovery)
 	recovered bool
+	lastUse   int64 // the latest time, in unix ns, the dir shows it was used
 }
 
 // ignorable entries do not make a dir "used before": a file system's
@@ -216,9 +221,16 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		}
 	}
 
+	ld.lastUse = lastUse(dir, names)
+	if ld.stOK {
+		ld.lastUse = max(ld.lastUse, ld.st.Created)
+	}
 	if len(ld.damage) > 0 {
 		if !recoverDamaged {
 			return fail(fmt.Errorf("%w: %q: %s", ErrDamaged, dir, strings.Join(ld.damage, "; ")))
+		}
+		if err := clockPastUse(dir, now, ld.lastUse); err != nil {
+			return fail(err)
 		}
 		ld.recovered = true
 		ld.snap = nil // a clean-shutdown table is trusted only with its state
@@ -226,15 +238,13 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 			if ld.stOK && n == stateName {
 				continue
 			}
-			from := filepath.Join(dir, n)
-			if _, err := os.Lstat(from); err != nil {
-				continue
+			to, err := s.setAside(n, now)
+			if err != nil {
+				return fail(err)
 			}
-			to := fmt.Sprintf("%s.damaged-%d", from, now)
-			if err := os.Rename(from, to); err != nil {
-				return fail(fmt.Errorf("cannot set aside %s in data dir %q: %w", n, dir, ioErr(dir, err)))
+			if to != "" {
+				ld.movedTo = append(ld.movedTo, to)
 			}
-			ld.movedTo = append(ld.movedTo, to)
 		}
 		if err := s.syncDir(); err != nil {
 			return fail(err)
@@ -267,6 +277,58 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		return fail(fmt.Errorf("cannot open %s in data dir %q: %w", stateName, dir, ioErr(dir, err)))
 	}
 	return s, ld, nil
+}
+
+// lastUse is the latest time the dir's files show, in unix ns: their
+// modification times and the times in the names of files an earlier
+// recovery set aside.
+func lastUse(dir string, names []string) int64 {
+	var last int64
+	for _, n := range names {
+		if fi, err := os.Lstat(filepath.Join(dir, n)); err == nil {
+			last = max(last, fi.ModTime().UnixNano())
+		}
+		if _, at, ok := strings.Cut(n, ".damaged-"); ok {
+			if ns, err := strconv.ParseInt(at, 10, 64); err == nil {
+				last = max(last, ns)
+			}
+		}
+	}
+	return last
+}
+
+// clockPastUse refuses a recovery while the wall clock is behind the dir's
+// last use: tokens restart at RecoveryFloor, the wall clock in ns, which
+// lies above every token granted before only if the clock has not gone
+// back (a host that boots with a wrong clock before it syncs).
+func clockPastUse(dir string, now, last int64) error {
+	if now >= last {
+		return nil
+	}
+	return fmt.Errorf("data dir %q was last used at %s, after the wall clock's %s: a recovery now could give tokens again; set the clock right, then start again",
+		dir, time.Unix(0, last).UTC().Format(time.RFC3339Nano), time.Unix(0, now).UTC().Format(time.RFC3339Nano))
+}
+
+// setAside renames the damaged file name to name.damaged-<now> ("" if
+// there is none); the caller syncs the dir.
+func (s *store) setAside(name string, now int64) (string, error) {
+	from := filepath.Join(s.dir, name)
+	if _, err := os.Lstat(from); err != nil {
+		return "", nil
+	}
+	to := fmt.Sprintf("%s.damaged-%d", from, now)
+	if err := os.Rename(from, to); err != nil {
+		return "", fmt.Errorf("cannot set aside %s in data dir %q: %w", name, s.dir, ioErr(s.dir, err))
+	}
+	return to, nil
+}
+
+func (s *store) setAsideSnapshot(now int64) (string, error) {
+	to, err := s.setAside(snapName, now)
+	if err != nil {
+		return "", err
+	}
+	return to, s.syncDir()
 }
 
 func list(names []string) string {

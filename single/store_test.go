@@ -3,6 +3,7 @@ package single
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"io/fs"
 	"maps"
@@ -157,6 +158,87 @@ func TestDamagedDataDir(t *testing.T) {
 				t.Errorf("after the recovery: floor %d grace %d, want at least %d %d", r2.TokenFloor, r2.GraceUntil, r.TokenFloor, r.GraceUntil)
 			}
 		})
+	}
+}
+
+// A recovery restarts tokens at the wall clock in ns, above every token
+// granted before only if the clock has not gone back: with the clock behind
+// the dir's last use (a host that booted with a wrong clock) it is refused,
+// and nothing in the dir changes; also behind a time an earlier recovery
+// left in the name of a file it set aside.
+func TestRecoveryRefusedWithTheClockBehind(t *testing.T) {
+	for _, aside := range []bool{false, true} {
+		t.Run(fmt.Sprintf("aside=%v", aside), func(t *testing.T) {
+			dir := usedDir(t, false)
+			if err := os.Truncate(filepath.Join(dir, stateName), 0); err != nil {
+				t.Fatal(err)
+			}
+			behind := time.Now().Add(-24 * time.Hour).UnixNano()
+			if aside {
+				// An earlier recovery, on a clock a day ahead of this one's.
+				future := time.Now().Add(24 * time.Hour).UnixNano()
+				name := fmt.Sprintf("%s.damaged-%d", snapName, future)
+				if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				behind = time.Now().UnixNano()
+			}
+			before := dirContents(t, dir)
+			opt := Options{DataDir: dir, Shards: 2, SweepInterval: time.Second, MaxLease: time.Minute, RecoverDamaged: true}
+			_, err := open(opt, env{clock: newFakeClock(behind)})
+			if err == nil || !strings.Contains(err.Error(), "set the clock right") || !strings.Contains(err.Error(), dir) {
+				t.Fatalf("recovery with the clock behind: %v", err)
+			}
+			if after := dirContents(t, dir); !maps.Equal(before, after) {
+				t.Fatalf("a refused data dir was written to:\nbefore %q\nafter  %q", keys(before), keys(after))
+			}
+		})
+	}
+}
+
+// A snapshot whose checksum holds but whose table does not load (written
+// by another version, or a writer's bug) is refused like any damage, and
+// RecoverDamaged sets it aside and starts as after a crash: the state file
+// is whole, and its ceilings cover the leases and tokens the snapshot held.
+func TestSnapshotThatDoesNotLoad(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	tok := g.dial().acquire("h", "k", 600_000)
+	if err := g.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, snapName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, seq, err := decodeSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob = append([]byte(nil), blob...)
+	blob[0]++ // the shard count: one table too many
+	if err := (&store{dir: dir}).putSnapshot(seq, blob); err != nil {
+		t.Fatal(err)
+	}
+	opt := Options{DataDir: dir, Shards: 4, SweepInterval: time.Hour, MaxLease: time.Hour}
+	e := env{clock: newFakeClock(testStart)}
+	if _, err := open(opt, e); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "does not load") {
+		t.Fatalf("open: %v; want ErrDamaged saying the table does not load", err)
+	}
+	opt.RecoverDamaged = true
+	r, err := open(opt, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Crashed || len(r.Recovered) != 1 || len(r.SetAside) != 1 {
+		t.Fatalf("recovered: crashed=%v damage=%q set aside %q", r.Crashed, r.Recovered, r.SetAside)
+	}
+	if _, err := os.Stat(r.SetAside[0]); err != nil {
+		t.Errorf("the snapshot was not kept aside: %v", err)
+	}
+	if r.TokenFloor < tok || r.GraceUntil < testStart+int64(600*time.Second) {
+		t.Errorf("floor %d grace until %d: want tokens above %d and grace past k's lease end %d", r.TokenFloor, r.GraceUntil, tok, testStart+int64(600*time.Second))
 	}
 }
 
