@@ -3,6 +3,7 @@ package replica
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -513,6 +514,58 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	y := c.dial(1)
 	y.send("R 1 k")
 	y.expect("R 1 k")
+}
+
+// A new node whose first start (with --join) stopped before it had started
+// every shard joins the rest at its next start without the flag: --join is
+// for the first start only, and bootstrapping them would make it a founder
+// of shards that exist without it.
+func TestClusterJoinOutlivesAStartThatStopped(t *testing.T) {
+	c := newTestCluster(t, 3)
+	c.stop(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addr4 := freePort(t)
+	if err := c.nodes[0].Replace(ctx, 3, 4, addr4); err != nil {
+		t.Fatal(err)
+	}
+	delete(c.peers, 3)
+	c.peers[4] = addr4
+	c.dirs[2] = t.TempDir()
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir, opt.Join = 4, c.peers, c.dirs[2], true
+	opt.Logger = zaptest.NewLogger(t)
+	startFault = func(i int) error {
+		if i == 0 {
+			return errors.New("stopped after the first shard")
+		}
+		return nil
+	}
+	_, err := Start(opt)
+	startFault = nil
+	if err == nil {
+		t.Fatal("the start did not stop")
+	}
+	var id identity
+	if b, err := os.ReadFile(filepath.Join(c.dirs[2], identityFile)); err != nil || json.Unmarshal(b, &id) != nil || !id.Join {
+		t.Fatalf("%s does not record the join: %s %v", identityFile, b, err)
+	}
+	c.startAs(2, 4, false)
+	c.waitReady()
+	for s, st := range c.nodes[2].Status(false) {
+		if st.Leader == 0 || st.Applied == 0 {
+			t.Fatalf("shard %d on the new node: %+v", s, st)
+		}
+	}
+	c.checkReplicasAgree()
+	x := c.dial(2)
+	for i := range 6 { // keys on every shard
+		x.send(fmt.Sprintf("A x k%d 1000 0", i))
+		_ = x.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if l, err := x.r.ReadString('\n'); err != nil || !strings.HasPrefix(l, "A ") || !strings.HasSuffix(l, fmt.Sprintf(" x k%d\n", i)) {
+			t.Fatalf("got %q (%v), want a grant of k%d", l, err, i)
+		}
+	}
 }
 
 // A replace with a wrong id or address is refused before any shard

@@ -36,6 +36,11 @@ type identity struct {
 	// start that finds none of them in raft/ (emptied: a mount that failed
 	// and left its mountpoint, files deleted) is refused.
 	ShardsMade bool `json:"shards_made,omitempty"`
+	// Join: the node's first start joined existing shards (--join). A
+	// start after one that stopped before it had started every shard joins
+	// the rest too, with or without the flag: bootstrapping them would
+	// make this node a founder of shards that exist without it.
+	Join bool `json:"join,omitempty"`
 	// The limits are not here: the shards' logs hold them (see fsm.adopt),
 	// and they may change while the cluster runs. Limits, kept as found, are
 	// those an earlier ticketd pinned here at the node's first start: the
@@ -56,7 +61,7 @@ const identityFile = "cluster.json"
 // ErrDataDirInUse is returned when another process holds the data dir.
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
-func openDataDir(path string, node uint32, peers map[uint32]string, shards int) (*dataDir, error) {
+func openDataDir(path string, node uint32, peers map[uint32]string, shards int, join bool) (*dataDir, error) {
 	if err := atomicfile.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
@@ -99,7 +104,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 				"starting would forget what it acknowledged; bring the node back as a replacement with an empty data dir (README: replacing a node)",
 				path, old.Node)
 		}
-		id.Incarnation, id.RaftMade, id.ShardsMade, id.Limits = old.Incarnation, old.RaftMade, old.ShardsMade, old.Limits
+		id.Incarnation, id.RaftMade, id.ShardsMade, id.Limits, id.Join = old.Incarnation, old.RaftMade, old.ShardsMade, old.Limits, old.Join
 	case errors.Is(err, os.ErrNotExist):
 		if _, err := os.Stat(filepath.Join(path, "raft")); err == nil {
 			d.close()
@@ -108,6 +113,11 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 	default:
 		d.close()
 		return nil, fmt.Errorf("cannot read data dir %q: %w", path, err)
+	}
+	_, err = os.Stat(filepath.Join(path, "raft"))
+	fresh := errors.Is(err, os.ErrNotExist)
+	if fresh && join {
+		id.Join = true
 	}
 	id.Incarnation++
 	if id.Incarnation >= 1<<(64-connBits) {
@@ -120,8 +130,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int) 
 	}
 	d.incarnation = id.Incarnation
 	d.id = id
-	_, err = os.Stat(filepath.Join(path, "raft"))
-	d.fresh = errors.Is(err, os.ErrNotExist)
+	d.fresh = fresh
 	return d, nil
 }
 

@@ -275,7 +275,7 @@ func Start(opt Options) (*Node, error) {
 	setupLogging(opt.Logger)
 	set := settings{shards: opt.Shards, limits: limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey},
 		skew: int64(opt.MaxClockSkew)}
-	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards)
+	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards, opt.Join)
 	if err != nil {
 		return nil, err
 	}
@@ -332,7 +332,7 @@ func Start(opt Options) (*Node, error) {
 		if !dir.fresh && nh.HasNodeInfo(shardID, uint64(opt.NodeID)) {
 			return nil, false
 		}
-		if opt.Join {
+		if opt.Join || dir.id.Join {
 			return nil, true
 		}
 		return initial, false
@@ -373,7 +373,11 @@ func Start(opt Options) (*Node, error) {
 			CompactionOverhead: opt.SnapshotEntries / 4,
 		}
 		members, join := bootstrap(g.id)
-		if err := nh.StartConcurrentReplica(members, join, create, rc); err != nil {
+		err := nh.StartConcurrentReplica(members, join, create, rc)
+		if err == nil && startFault != nil {
+			err = startFault(i)
+		}
+		if err != nil {
 			nh.Close()
 			dir.close()
 			return nil, fmt.Errorf("cannot start shard %d: %w", i, err)
@@ -724,6 +728,10 @@ func (g *group) leaderChanged() <-chan struct{} {
 	}
 	return g.changeCh
 }
+
+// startFault, in tests, stops a start after it started shard i, as a crash
+// there would.
+var startFault func(i int) error
 
 // noticeAtLeaderChange is false only in a test of a node whose notice has
 // not committed yet.
