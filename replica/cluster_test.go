@@ -568,6 +568,49 @@ func TestClusterJoinOutlivesAStartThatStopped(t *testing.T) {
 	}
 }
 
+// The acquires queued through a node that went down (or was replaced) are
+// withdrawn by the leader once it has been out of reach for a while: left
+// queued, each would be granted in turn to nobody, and hold the key for its
+// lease before the clients waiting elsewhere got it.
+func TestClusterLostNodesAcquiresAreWithdrawn(t *testing.T) {
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = time.Second })
+	h := c.dial(0)
+	h.send("A h k 60000 0")
+	h.expect("A 1 h k")
+	w := c.dial(2)
+	w.send("A w k 60000 60000")
+	waiters := func() int { return c.nodes[0].Stats().Waiters }
+	for deadline := time.Now().Add(10 * time.Second); waiters() != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("w's acquire was not queued")
+		}
+	}
+	// Node 3 goes down as in a crash: nothing withdraws its acquires on
+	// its way out.
+	_ = c.nodes[2].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.srvs[2].Stop(ctx)
+	c.nodes[2], c.srvs[2] = nil, nil
+	for deadline := time.Now().Add(15 * time.Second); waiters() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the acquire queued through the lost node is still queued")
+		}
+	}
+	x := c.dial(1)
+	x.send("A x k 60000 30000")
+	h.send("R 1 k")
+	h.expect("R 1 k")
+	x.expect("A 2 x k")
+	var reaped int64
+	for _, n := range c.nodes[:2] {
+		reaped += n.Counters().LostNodeWithdrawals
+	}
+	if reaped == 0 {
+		t.Error("no withdraw counted")
+	}
+}
+
 // A replace with a wrong id or address is refused before any shard
 // changes: taking out a live node (with the lost one still counted) would
 // leave its shards without a quorum for good, and adding a member that is

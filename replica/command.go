@@ -41,6 +41,7 @@ import (
 //	expire-at     key token deadline   (deadline: a zig-zag varint, the lease end it was made for)
 //	wait-timeout  node conn seq key
 //	withdraw      conn
+//	withdraw-below node conn  (the leader's: the acquires queued by node's incarnations below conn's)
 //	renew         conn seq owner key token leaseMs allowMs
 //
 // Byte strings are a uvarint length and the bytes. Requests carry the
@@ -152,6 +153,9 @@ func appendCommand(b []byte, c *shard.Command) []byte {
 		b = binary.AppendUvarint(b, c.From.Seq)
 		b = appendBytes(b, c.Key)
 	case shard.OpWithdraw:
+		b = binary.AppendUvarint(b, c.From.Conn)
+	case shard.OpWithdrawBelow:
+		b = binary.AppendUvarint(b, uint64(c.From.Node))
 		b = binary.AppendUvarint(b, c.From.Conn)
 	case shard.OpRenew:
 		b = binary.AppendUvarint(b, c.From.Conn)
@@ -296,6 +300,12 @@ func (r *reader) command(node uint32, c *shard.Command) {
 		c.Key = r.bytes()
 	case shard.OpWithdraw:
 		c.From = shard.Requester{Node: node, Conn: r.uvarint()}
+	case shard.OpWithdrawBelow:
+		n := r.uvarint()
+		if n > 1<<32-1 {
+			r.err = errEntry
+		}
+		c.From = shard.Requester{Node: uint32(n), Conn: r.uvarint()}
 	case shard.OpRenew:
 		c.From = shard.Requester{Node: node, Conn: r.uvarint(), Seq: r.uvarint()}
 		c.Owner = r.bytes()

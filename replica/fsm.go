@@ -53,8 +53,9 @@ type sink interface {
 	// (TimedOut): their connections must hear that the outcome is unknown.
 	lapsed(shardIdx int, grants []shard.Answer)
 	// lost names this node's connections that had acquires queued which a
-	// snapshot received no longer holds: their answers were decided in
-	// entries this replica never applied, and will not come.
+	// snapshot received no longer holds (their answers were decided in
+	// entries this replica never applied), or which the leader withdrew
+	// having given this node up for lost: their answers will not come.
 	lost(shardIdx int, conns []uint64)
 }
 
@@ -89,6 +90,7 @@ type fsm struct {
 	grants  []grantAt       // grants among mine, to judge, per Update
 	renews  []shard.Command // renewals of this node's late grants, per Update
 	lapsed  []shard.Answer  // this node's grants too late even to renew, per Update
+	gone    []uint64        // this node's connections whose queued acquires the leader withdrew, per Update
 	notices []header        // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
@@ -144,6 +146,7 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.grants = f.grants[:0]
 	f.renews = f.renews[:0]
 	f.lapsed = f.lapsed[:0]
+	f.gone = f.gone[:0]
 	f.arena = f.arena[:0]
 	f.notices = f.notices[:0]
 	var err error
@@ -170,6 +173,9 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	}
 	if len(f.lapsed) > 0 && f.out != nil {
 		f.out.lapsed(f.idx, f.lapsed)
+	}
+	if len(f.gone) > 0 && f.out != nil {
+		f.out.lost(f.idx, f.gone)
 	}
 	for _, h := range f.notices {
 		if f.out != nil {
@@ -302,9 +308,18 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 		if r.err != nil {
 			return 0, r.err
 		}
+		var before []shard.Command
+		if f.cmd.Op == shard.OpWithdrawBelow && f.cmd.From.Node == f.node {
+			before = f.t.Waiting(f.node, nil)
+		}
 		f.ans = f.t.Apply(f.now, &f.cmd, f.ans[:0])
 		f.cover(f.ans)
 		f.keep(f.ans)
+		if before != nil {
+			// The leader gave this node up for lost (see Node.reap):
+			// acquires of its connections are gone without an answer.
+			f.gone = append(f.gone, gone(before, f.t.Waiting(f.node, nil))...)
+		}
 	}
 	if len(r.b) != 0 {
 		return 0, errEntry

@@ -724,6 +724,48 @@ func TestFSMSnapshotNamesWaitersItDecided(t *testing.T) {
 	}
 }
 
+// A leader's withdraw of a node's queued acquires (the node was out of its
+// reach) decodes as sent, takes out every acquire of that node's
+// incarnations below the one named, and no other's; the node itself, cut
+// off and applying it later, names its connections whose acquires went.
+func TestFSMWithdrawsALostNodesAcquires(t *testing.T) {
+	holder := requesterConn(1, 1)
+	old, mineA, mineB, later := requesterConn(1, 2), requesterConn(2, 3), requesterConn(2, 4), requesterConn(3, 5)
+	hold := batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(holder, 1, "h", "k", 60000, 0)}}
+	queue := func(inc, id uint64, conn uint64, owner string) batch {
+		return batch{h: header{node: 2, inc: inc, batch: id, stamp: 1e9}, cmds: []shard.Command{acquire(conn, 1, owner, "k", 60000, 30000)}}
+	}
+	other := batch{h: header{node: 3, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 6), 1, "z", "k", 60000, 30000)}}
+	withdraw := shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: 2, Conn: requesterConn(3, 0)}}
+	var r reader
+	r.b = appendCommand(nil, &withdraw)
+	var got shard.Command
+	r.command(1, &got)
+	if r.err != nil || got.Op != withdraw.Op || got.From != withdraw.From || len(r.b) != 0 {
+		t.Fatalf("decoded %+v (%v), want %+v", got, r.err, withdraw)
+	}
+	reap := batch{h: header{node: 1, inc: 1, stamp: 2e9}, cmds: []shard.Command{withdraw}}
+	newer := queue(3, 1, later, "l")
+
+	rec := &recorder{}
+	f := newFSM(0, 2, shard.Config{}, rec)
+	f.inc = 2
+	update(t, f, hold, queue(1, 1, old, "o"), queue(2, 1, mineA, "a"), queue(2, 2, mineB, "b"), other)
+	rec.got = nil
+	update(t, f, reap, newer)
+	if want := []string{fmt.Sprintf("lost %v", []uint64{mineA, mineB})}; !slices.Equal(rec.got, want) {
+		t.Fatalf("applying the withdraw: %q, want %q", rec.got, want)
+	}
+	var left []string
+	for _, w := range f.t.Waiting(2, nil) {
+		left = append(left, fmt.Sprint(w.From.Conn))
+	}
+	left2 := f.t.Waiting(3, nil)
+	if len(left) != 1 || left[0] != fmt.Sprint(later) || len(left2) != 1 {
+		t.Fatalf("left queued: node 2 %v, node 3 %d; want only the later incarnation's and node 3's", left, len(left2))
+	}
+}
+
 // A change of limits applies from its place in the log on and stays in
 // snapshots; one that would change the shard count is ignored.
 func TestFSMChangesLimitsWhereTheLogSays(t *testing.T) {

@@ -164,6 +164,7 @@ type Node struct {
 	mu         sync.Mutex
 	reach      map[string]bool      // raft address -> last connection attempt worked
 	reachSince map[string]time.Time // raft address -> when its connection last came up
+	downSince  map[string]time.Time // raft address -> when it went out of reach (absent: in reach)
 	// reconnected: its connection came up again after failing (the node
 	// restarted, or was cut off), not for the first time.
 	reconnected map[string]bool
@@ -191,7 +192,7 @@ type Node struct {
 type nodeStats struct {
 	proposals, retries, failed, expiries atomic.Int64
 	leaderChanges, orphans, renewals     atomic.Int64
-	snapshotsReceived                    atomic.Int64
+	snapshotsReceived, reaped            atomic.Int64
 }
 
 // group is one shard on this node: its replica and its proposer.
@@ -230,6 +231,7 @@ type group struct {
 	changeCh   chan struct{} // closed and replaced at each leader change
 	term       atomic.Uint64
 	timerRun   atomic.Bool  // a timer proposal is in flight
+	reapRun    atomic.Bool  // a withdraw of lost nodes' acquires is in flight (reapLoop)
 	lastOK     atomic.Int64 // monoNow of the last proposal of ours that committed
 	transferAt time.Time    // the last leader transfer asked for (balanceLoop only)
 	// handing is closed when the transfer of this shard's leadership that
@@ -282,7 +284,8 @@ func Start(opt Options) (*Node, error) {
 	n := &Node{
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
 		reach: make(map[string]bool), reachSince: make(map[string]time.Time), reconnected: make(map[string]bool),
-		stop: make(chan struct{}), timerKick: make(chan struct{}, 1),
+		downSince: make(map[string]time.Time),
+		stop:      make(chan struct{}), timerKick: make(chan struct{}, 1),
 		set: set, settled: make(chan struct{}), failed: make(chan struct{}),
 	}
 	n.started = n.now()
@@ -405,11 +408,12 @@ func (n *Node) Attach(srv *netloop.Server) {
 		go g.proposer()
 		g.kickNow()
 	}
-	n.wg.Add(4)
+	n.wg.Add(5)
 	go n.timerLoop()
 	go n.balanceLoop()
 	go n.membersLoop()
 	go n.quorumLoop()
+	go n.reapLoop()
 }
 
 // Handle implements netloop.Backend: every request becomes a command in its
@@ -613,7 +617,7 @@ func (n *Node) lost(idx int, conns []uint64) {
 		}
 	}
 	if len(mine) > 0 {
-		n.log.Warn("answering E unavailable: a snapshot decided queued acquires of this node's connections",
+		n.log.Warn("answering E unavailable: queued acquires of this node's connections were decided without it (in a snapshot it received, or withdrawn by a leader that could not reach it)",
 			zap.Int("shard", idx), zap.Int("connections", len(mine)))
 		n.fail(mine, codec.ErrBehind)
 	}
@@ -1409,6 +1413,61 @@ func (n *Node) quorumLoop() {
 	})
 }
 
+// lostAfter is how long a leader waits, with a node out of its reach,
+// before it withdraws the acquires that node's connections have queued,
+// in unavailable timeouts: the node's own quorumLoop has told those
+// connections E unavailable by then (half a timeout quiet, then a
+// proposal that cannot commit within one), and its clients went
+// elsewhere. Were they left, each would be granted in turn to nobody and
+// hold its key for its lease.
+const lostAfter = 2
+
+// reapLoop is the leader's side of a lost node: on each shard it leads, it
+// withdraws the queued acquires of nodes that are members no longer (a
+// replace took them out), or that it has not reached for lostAfter
+// unavailable timeouts. A node that was only cut off and applies the
+// withdraw later tells the connections it took from E unavailable (lost);
+// acquires it queues after the withdraw are not touched.
+func (n *Node) reapLoop() {
+	most := make(map[uint32]uint64)
+	n.every(n.opt.UnavailableTimeout/2, func() {
+		m := n.members.Load()
+		self := n.opt.NodeID
+		for _, g := range n.grps {
+			f := g.fsm.Load()
+			if f == nil || g.leader.Load() != uint64(self) || g.reapRun.Load() {
+				continue
+			}
+			clear(most)
+			f.mu.Lock()
+			f.t.WaitingAbove(self, most)
+			f.mu.Unlock()
+			var b []byte
+			count := uint64(0)
+			for node, conn := range most {
+				if addr, member := m.addrs[node]; member && !n.downFor(addr, lostAfter*n.opt.UnavailableTimeout) {
+					continue
+				}
+				// Every incarnation up to the latest with acquires queued.
+				below := requesterConn(conn>>connBits+1, 0)
+				b = appendCommand(b, &shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: node, Conn: below}})
+				count++
+				n.log.Warn("withdrawing the queued acquires of a node out of reach",
+					zap.Int("shard", g.idx), zap.Uint32("lost", node), zap.Bool("member", m.addrs[node] != ""))
+			}
+			if count == 0 {
+				continue
+			}
+			n.stats.reaped.Add(int64(count))
+			g.reapRun.Store(true)
+			go func() {
+				defer g.reapRun.Store(false)
+				g.propose(header{node: self, inc: n.inc, count: count}, b)
+			}()
+		}
+	})
+}
+
 // LeaderUpdated implements raftio.IRaftEventListener.
 func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	if info.ShardID == 0 || info.ShardID > uint64(len(n.grps)) {
@@ -1684,6 +1743,7 @@ type Counters struct {
 	LeaderChanges, Orphans int64
 	SnapshotsReceived      int64
 	Renewals               int64 // grants applied too late to answer, renewed (fsm.judge)
+	LostNodeWithdrawals    int64 // withdraws of a lost node's queued acquires proposed as leader (reapLoop)
 }
 
 // Counters reads the counters.
@@ -1693,6 +1753,7 @@ func (n *Node) Counters() Counters {
 		Proposals: s.proposals.Load(), Retries: s.retries.Load(), Unavailable: s.failed.Load(),
 		TimerCommands: s.expiries.Load(), LeaderChanges: s.leaderChanges.Load(), Orphans: s.orphans.Load(),
 		SnapshotsReceived: s.snapshotsReceived.Load(), Renewals: s.renewals.Load(),
+		LostNodeWithdrawals: s.reaped.Load(),
 	}
 }
 
@@ -2193,8 +2254,21 @@ func (n *Node) setReach(addr string, ok bool) {
 		n.reconnected[addr] = !n.reachSince[addr].IsZero()
 		n.reachSince[addr] = time.Now()
 	}
+	if ok {
+		delete(n.downSince, addr)
+	} else if _, down := n.downSince[addr]; !down {
+		n.downSince[addr] = time.Now()
+	}
 	n.reach[addr] = ok
 	n.mu.Unlock()
+}
+
+// downFor tells whether addr has been out of reach for longer than d.
+func (n *Node) downFor(addr string, d time.Duration) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	since, down := n.downSince[addr]
+	return down && !n.reach[addr] && time.Since(since) > d
 }
 func (n *Node) NodeHostShuttingDown() {}
 func (n *Node) NodeUnloaded(info raftio.NodeInfo) {

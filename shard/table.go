@@ -437,6 +437,17 @@ func (t *Table) WaitingConns(node uint32, out []uint64) []uint64 {
 	return out
 }
 
+// WaitingAbove keeps, per node other than self with acquires queued, the
+// largest of their connection ids in most (a cluster leader looks there for
+// the acquires of nodes it gives up for lost).
+func (t *Table) WaitingAbove(self uint32, most map[uint32]uint64) {
+	for id := range t.conns {
+		if id.node != self {
+			most[id.node] = max(most[id.node], id.conn)
+		}
+	}
+}
+
 // Tick (single mode) applies everything due at now: hand-over at lease end to the queue head for
 // keys with waiters, and wait timeouts. Timers run in deadline order; at equal deadlines wait
 // timeouts come before lease ends, then lower tokens and earlier arrivals first. A key whose
