@@ -634,6 +634,8 @@ func TestReplaceRefusesWrongIDs(t *testing.T) {
 		{3, 2, c.peers[2], "node 2 is already a member"},
 		{7, 4, freePort(t), "node 7 is not a member"},
 		{3, 4, c.peers[2], "is the raft address of node 2"},
+		{3, 4, "garbage", "not a raft address"},
+		{3, 4, "", "not a raft address"},
 	} {
 		err := n.Replace(ctx, r.old, r.new, r.addr)
 		if err == nil || !strings.Contains(err.Error(), r.want) {

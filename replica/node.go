@@ -1539,6 +1539,11 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 	if old == n.opt.NodeID {
 		return fmt.Errorf("replica: node %d is this node, which is up: run the replace on a live node in place of one whose data dir is lost", old)
 	}
+	if !config.IsValidAddress(addr) {
+		// Dragonboat refuses to add it only after old is out: the
+		// shard would stay a member short while the add is retried.
+		return fmt.Errorf("replica: %q is not a raft address (host:port)", addr)
+	}
 	leave, err := n.enter()
 	if err != nil {
 		return err
@@ -1693,6 +1698,9 @@ func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		last = change(actx)
 		cancel()
+		if errors.Is(last, dragonboat.ErrInvalidAddress) || errors.Is(last, dragonboat.ErrInvalidOperation) || errors.Is(last, dragonboat.ErrRejected) {
+			return last // no retry changes these
+		}
 		if last != nil {
 			select {
 			case <-ctx.Done():
