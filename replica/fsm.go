@@ -57,6 +57,9 @@ type sink interface {
 	// entries this replica never applied), or which the leader withdrew
 	// having given this node up for lost: their answers will not come.
 	lost(shardIdx int, conns []uint64)
+	// behind tells that the log holds a later incarnation of this node
+	// than this run's: its data dir went back (restored from a copy).
+	behind(shardIdx int, logInc uint64)
 }
 
 // fsm is one replica of one shard: a shard.Table in Replicated mode plus
@@ -79,19 +82,20 @@ type fsm struct {
 	// one of a ticketd that did not stamp them) (state): a change stamped
 	// no later is a copy retried after a later change, or was made before
 	// it, and is not applied.
-	set     *settings
-	setBy   uint32
-	setAt   int64
-	applied uint64          // last applied log index (not state: Dragonboat keeps it)
-	refused uint64          // batches refused as stale (not state)
-	ans     []shard.Answer  // scratch
-	cmd     shard.Command   // scratch
-	mine    []shard.Answer  // answers for this node, per Update
-	grants  []grantAt       // grants among mine, to judge, per Update
-	renews  []shard.Command // renewals of this node's late grants, per Update
-	lapsed  []shard.Answer  // this node's grants too late even to renew, per Update
-	gone    []uint64        // this node's connections whose queued acquires the leader withdrew, per Update
-	notices []header        // hand-over notices applied, per Update
+	set       *settings
+	setBy     uint32
+	setAt     int64
+	applied   uint64          // last applied log index (not state: Dragonboat keeps it)
+	refused   uint64          // batches refused as stale (not state)
+	ans       []shard.Answer  // scratch
+	cmd       shard.Command   // scratch
+	mine      []shard.Answer  // answers for this node, per Update
+	grants    []grantAt       // grants among mine, to judge, per Update
+	renews    []shard.Command // renewals of this node's late grants, per Update
+	lapsed    []shard.Answer  // this node's grants too late even to renew, per Update
+	gone      []uint64        // this node's connections whose queued acquires the leader withdrew, per Update
+	behindInc uint64          // a later incarnation of this node found in the log, per Update
+	notices   []header        // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
 	// here (not state).
@@ -147,6 +151,7 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.renews = f.renews[:0]
 	f.lapsed = f.lapsed[:0]
 	f.gone = f.gone[:0]
+	f.behindInc = 0
 	f.arena = f.arena[:0]
 	f.notices = f.notices[:0]
 	var err error
@@ -176,6 +181,9 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	}
 	if len(f.gone) > 0 && f.out != nil {
 		f.out.lost(f.idx, f.gone)
+	}
+	if f.behindInc != 0 && f.out != nil {
+		f.out.behind(f.idx, f.behindInc)
 	}
 	for _, h := range f.notices {
 		if f.out != nil {
@@ -243,6 +251,7 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 		// gone and their clients saw them close without an answer.
 		f.refused++
 		if mine {
+			f.behindInc = p.inc // this run is the earlier one
 			return resultUnanswered, nil
 		}
 		return resultApplied, nil

@@ -41,6 +41,10 @@ func (r *recorder) lost(_ int, conns []uint64) {
 	r.got = append(r.got, fmt.Sprintf("lost %v", conns))
 }
 
+func (r *recorder) behind(_ int, logInc uint64) {
+	r.got = append(r.got, fmt.Sprintf("behind %d", logInc))
+}
+
 type batch struct {
 	h    header
 	cmds []shard.Command
@@ -763,6 +767,25 @@ func TestFSMWithdrawsALostNodesAcquires(t *testing.T) {
 	left2 := f.t.Waiting(3, nil)
 	if len(left) != 1 || left[0] != fmt.Sprint(later) || len(left2) != 1 {
 		t.Fatalf("left queued: node 2 %v, node 3 %d; want only the later incarnation's and node 3's", left, len(left2))
+	}
+}
+
+// A batch of this run refused because the log holds a later incarnation of
+// this node (its data dir was restored from a copy) tells the node so, which
+// stops it: every batch it proposes would be refused.
+func TestFSMTellsADataDirBehindTheLog(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 2, shard.Config{}, rec)
+	f.inc = 2
+	later := batch{h: header{node: 2, inc: 3, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(3, 1), 1, "a", "k", 60000, 0)}}
+	mine := batch{h: header{node: 2, inc: 2, batch: 1, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(2, 1), 1, "b", "j", 60000, 0)}}
+	other := batch{h: header{node: 1, inc: 5, batch: 1, stamp: 2e9}, cmds: []shard.Command{acquire(requesterConn(5, 1), 1, "c", "i", 60000, 0)}}
+	if res := update(t, f, later, other); slices.Contains(rec.got, "behind 3") || res[0] != resultApplied {
+		t.Fatalf("before this run's batch: %q %v", rec.got, res)
+	}
+	rec.got = nil
+	if res := update(t, f, mine); res[0] != resultUnanswered || !slices.Equal(rec.got, []string{"behind 3"}) {
+		t.Fatalf("this run's batch below the log's incarnation: result %v, told %q", res, rec.got)
 	}
 }
 

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -72,6 +73,12 @@ func (l *dbLogger) Panicf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if z := logTo.Load(); z != nil {
 		z.Error(msg, zap.String("pkg", l.pkg))
+		if strings.HasPrefix(format, "invalid commitTo index") {
+			// The leader knows this replica had entries its log no longer
+			// holds: the node must not run on this data dir.
+			z.Error("stopping: this node's raft log has lost entries it acknowledged: its data dir was restored from a copy, " +
+				"or its disk lost synced writes; it must not run again: replace it with an empty data dir (README: replacing a node)")
+		}
 	}
 	panic(msg)
 }

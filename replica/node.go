@@ -623,6 +623,19 @@ func (n *Node) lost(idx int, conns []uint64) {
 	}
 }
 
+// behind stops the node: the log holds a later incarnation of it than
+// this run's, so its data dir went back (restored from a copy), and every
+// batch it proposes is refused as an earlier run's. Its raft state went
+// back with it: it must not run again.
+func (n *Node) behind(idx int, logInc uint64) {
+	n.failOnce.Do(func() {
+		n.failErr = fmt.Errorf("this node's data dir is behind the cluster's log (its incarnation %d, shard %d's log has %d): it was restored from a copy (or another process runs as this node), and has forgotten entries it acknowledged; it must not run again: replace it with an empty data dir (README: replacing a node)",
+			n.inc, idx, logInc)
+		n.log.Error("stopping: data dir restored from a copy", zap.Error(n.failErr))
+		close(n.failed)
+	})
+}
+
 // lapsed closes with E unavailable this run's connections whose grant came
 // too late even to renew, or ended before its renewal applied (fsm.judge):
 // neither A nor T would be true. A grant still held is released: nobody
