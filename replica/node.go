@@ -2267,9 +2267,13 @@ func (n *Node) Err() error {
 
 // System events (raftio.ISystemEventListener): only connection outcomes are
 // used, to tell whether a peer is worth handing leadership to.
-func (n *Node) ConnectionEstablished(info raftio.ConnectionInfo) { n.setReach(info.Address, true) }
-func (n *Node) ConnectionFailed(info raftio.ConnectionInfo)      { n.setReach(info.Address, false) }
-func (n *Node) setReach(addr string, ok bool) {
+func (n *Node) ConnectionEstablished(info raftio.ConnectionInfo) {
+	n.setReach(info.Address, true, info.SnapshotConnection)
+}
+func (n *Node) ConnectionFailed(info raftio.ConnectionInfo) {
+	n.setReach(info.Address, false, info.SnapshotConnection)
+}
+func (n *Node) setReach(addr string, ok, snapshot bool) {
 	n.mu.Lock()
 	if ok && !n.reach[addr] {
 		n.reconnected[addr] = !n.reachSince[addr].IsZero()
@@ -2277,7 +2281,9 @@ func (n *Node) setReach(addr string, ok bool) {
 	}
 	if ok {
 		delete(n.downSince, addr)
-	} else if _, down := n.downSince[addr]; !down {
+	} else if _, down := n.downSince[addr]; !down && !snapshot {
+		// A snapshot's stream can fail while messages flow: only the
+		// message stream says the node is down.
 		n.downSince[addr] = time.Now()
 	}
 	n.reach[addr] = ok
