@@ -3,6 +3,7 @@ package chaos
 import (
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -49,10 +50,10 @@ type Outcome struct {
 	Shards   int    // the servers' --shards
 }
 
-// Failed reports whether the campaign found a violation or could not do
-// what it was asked.
+// Failed reports whether the campaign found a violation, could not decide
+// a check, or could not do what it was asked.
 func (o *Outcome) Failed() bool {
-	return o.Check == nil || len(o.Check.Violations) > 0 || len(o.Problems) > 0
+	return o.Check == nil || o.Check.Failed() || len(o.Problems) > 0
 }
 
 // DefaultWorkers is the workload mix: contended mutexes with fenced writes,
@@ -222,27 +223,42 @@ func Run(cfg Config) (*Outcome, error) {
 	closed = true
 	out.Problems = nm.errs
 	out.Elapsed = time.Since(out.Started)
+	return out, record(out, Check, logf)
+}
 
+// record writes the history, checks it and writes the report. The history
+// is written first, so that a check that hangs or is killed leaves it; the
+// check runs even if writing fails.
+func record(out *Outcome, check func(*History, CheckConfig) *CheckResult, logf func(string, ...any)) error {
+	cfg, h := out.Config, out.History
+	var errs []error
+	if cfg.Out != "" {
+		err := os.MkdirAll(cfg.Out, 0o755)
+		if err == nil {
+			err = writeHistory(filepath.Join(cfg.Out, cfg.Name+".history.jsonl.gz"), h, &cfg)
+		}
+		errs = append(errs, err)
+	}
+	logf("[%s] checking %d operations...", cfg.Name, len(h.Ops))
+	t0 := time.Now()
+	out.Check = check(h, checkConfig(cfg.Mode, h))
+	logf("[%s] checked in %v", cfg.Name, time.Since(t0).Round(time.Millisecond))
+	if cfg.Out != "" {
+		var err error
+		out.Report, err = writeReport(cfg.Out, out)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// checkConfig is what a campaign in mode promised; the crash grace is
+// bounded by the longest lease in the history.
+func checkConfig(mode string, h *History) CheckConfig {
 	var maxLease uint64
 	for _, o := range h.Ops {
 		maxLease = max(maxLease, o.LeaseMs)
 	}
-	logf("[%s] checking %d operations...", cfg.Name, len(h.Ops))
-	t0 := time.Now()
-	out.Check = Check(h, CheckConfig{Mode: cfg.Mode, MaxLease: int64(maxLease) * int64(time.Millisecond)})
-	logf("[%s] checked in %v", cfg.Name, time.Since(t0).Round(time.Millisecond))
-	if cfg.Out != "" {
-		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
-			return out, err
-		}
-		if err := writeHistory(filepath.Join(cfg.Out, cfg.Name+".history.jsonl.gz"), h, &cfg); err != nil {
-			return out, err
-		}
-		if out.Report, err = writeReport(cfg.Out, out); err != nil {
-			return out, err
-		}
-	}
-	return out, nil
+	return CheckConfig{Mode: mode, MaxLease: int64(maxLease) * int64(time.Millisecond)}
 }
 
 func counts(h *History) (ok, fail, unknown int) {
@@ -294,7 +310,8 @@ func contains(s []string, v string) bool {
 }
 
 // Recheck runs the checker again on a history a campaign wrote, and writes
-// its report beside it. cfg fills in what the file does not say.
+// its report in cfg.Out. cfg fills in what the file does not say. If
+// writing the report fails, the outcome comes back with the error.
 func Recheck(path string, cfg Config) (*Outcome, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -310,7 +327,9 @@ func Recheck(path string, cfg Config) (*Outcome, error) {
 		return nil, err
 	}
 	if saved != nil {
+		out := cfg.Out // where the report goes now, not where it went then
 		cfg = *saved
+		cfg.Out = out
 	}
 	if cfg.Workers == nil {
 		cfg.Workers = DefaultWorkers()
@@ -319,12 +338,11 @@ func Recheck(path string, cfg Config) (*Outcome, error) {
 		cfg.Phased = true // the long campaign's phases
 	}
 	out := &Outcome{Config: cfg, History: h, Shards: campaignShards}
-	var maxLease uint64
-	for _, o := range h.Ops {
-		maxLease = max(maxLease, o.LeaseMs)
-	}
-	out.Check = Check(h, CheckConfig{Mode: cfg.Mode, MaxLease: int64(maxLease) * int64(time.Millisecond)})
+	out.Check = Check(h, checkConfig(cfg.Mode, h))
 	if cfg.Out != "" {
+		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+			return out, err
+		}
 		if out.Report, err = writeReport(cfg.Out, out); err != nil {
 			return out, err
 		}

@@ -43,6 +43,9 @@ func TestQuickCampaign(t *testing.T) {
 			for _, v := range o.Check.Violations {
 				t.Errorf("violation (seed %d): %s", o.Config.Seed, v)
 			}
+			for _, u := range o.Check.Undecided {
+				t.Errorf("not decided (seed %d): %s", o.Config.Seed, u)
+			}
 			t.Logf("%d operations, %d faults; report %s", len(o.History.Ops), len(o.History.Events), o.Report)
 		})
 	}

@@ -85,6 +85,9 @@ func (c *conn) do(op *Op, timeout time.Duration) bool {
 	c.wmu.Unlock()
 	if err != nil {
 		c.fail("write: " + err.Error())
+		// The connection may have broken between registering op and
+		// invoking it, when fail found op not yet invoked.
+		c.h.Lose(op, "write: "+err.Error())
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()

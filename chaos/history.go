@@ -52,6 +52,11 @@ type Op struct {
 	Grant int64 `json:"grant,omitempty"`
 	// A release sent again after the one before it had an unknown outcome.
 	Again bool `json:"again,omitempty"`
+	// LostAt is when the outcome became unknown: the client closed the
+	// connection or saw it closed. A grant the server makes after it finds
+	// the connection gone is released as undeliverable, so an unknown grant
+	// can end early only from about then (0: not recorded; any time).
+	LostAt int64 `json:"lost_at,omitempty"`
 }
 
 func (o *Op) String() string {
@@ -65,28 +70,46 @@ func (o *Op) String() string {
 		if o.Result == ResGranted {
 			s += fmt.Sprintf(" token=%d", o.Token)
 		}
-		if o.Why != "" {
-			s += " (" + o.Why + ")"
-		}
-		return s
+		return s + o.lost()
 	case 'R':
 		s := fmt.Sprintf("#%d [%s..%s] w%d c%d n%d R %d %s -> %s", o.ID, fmtT(o.Invoke), c, o.Worker, o.Conn, o.Node, o.Token, o.Key, o.Result)
-		if o.Why != "" {
-			s += " (" + o.Why + ")"
-		}
-		return s
+		return s + o.lost()
 	default:
 		return fmt.Sprintf("#%d [%s..%s] w%d register %s write token=%d (grant #%d) -> %s", o.ID, fmtT(o.Invoke), c, o.Worker, o.Key, o.Token, o.Grant, o.Result)
 	}
 }
 
+// lost says why and when an outcome became unknown.
+func (o *Op) lost() string {
+	switch {
+	case o.Why == "":
+		return ""
+	case o.LostAt > 0:
+		return " (" + o.Why + ", at " + fmtT(o.LostAt) + ")"
+	}
+	return " (" + o.Why + ")"
+}
+
 // Event is a fault or a process action, with the window it covered.
 type Event struct {
-	Start  int64  `json:"start"`
-	End    int64  `json:"end"`
+	Start int64 `json:"start"`
+	End   int64 `json:"end"`
+	// Killed is, for a crash, when the killed process had exited (the node
+	// is restarted after that, and End is once it listens again); 0 in
+	// histories that did not record it.
+	Killed int64  `json:"killed,omitempty"`
 	Kind   string `json:"kind"` // see the Ev* constants
 	Nodes  []int  `json:"nodes,omitempty"`
 	Detail string `json:"detail,omitempty"`
+}
+
+// killed is when a crash's process had certainly died: Killed, or End in
+// histories without it.
+func (e *Event) killed() int64 {
+	if e.Killed > 0 {
+		return e.Killed
+	}
+	return e.End
 }
 
 // Event kinds. A crash is kill -9 through the restart that follows.
@@ -150,11 +173,12 @@ func (h *History) Complete(op *Op, at int64, result string, token uint64) {
 	h.mu.Unlock()
 }
 
-// Lose marks op's outcome as unknown.
+// Lose marks op's outcome as unknown as of now, after its connection was
+// closed or seen closed. The first loss counts.
 func (h *History) Lose(op *Op, why string) {
 	h.mu.Lock()
-	if op.Complete < 0 {
-		op.Why = why
+	if op.Complete < 0 && op.LostAt == 0 {
+		op.Why, op.LostAt = why, h.Now()
 	}
 	h.mu.Unlock()
 }
@@ -179,7 +203,8 @@ func (h *History) unavailable(at int64) {
 	h.mu.Unlock()
 }
 
-// WriteJSON writes the history, one op per line after a header of events.
+// WriteJSON writes the history, one op per line after a header of events,
+// anomalies and the times of E unavailable.
 func (h *History) WriteJSON(w io.Writer) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -194,6 +219,11 @@ func (h *History) WriteJSON(w io.Writer) error {
 			return err
 		}
 	}
+	if len(h.Unavail) > 0 {
+		if err := enc.Encode(map[string]any{"unavailable": h.Unavail}); err != nil {
+			return err
+		}
+	}
 	for _, o := range h.Ops {
 		if err := enc.Encode(o); err != nil {
 			return err
@@ -205,7 +235,8 @@ func (h *History) WriteJSON(w io.Writer) error {
 func fmtT(ns int64) string { return fmt.Sprintf("%.3fs", float64(ns)/1e9) }
 
 // ReadHistory reads a history written by a campaign (gzip'd JSON lines:
-// optionally the campaign's config, then events, anomalies and operations).
+// optionally the campaign's config, then events, anomalies, the times of E
+// unavailable and operations).
 func ReadHistory(r io.Reader) (*History, *Config, error) {
 	h := &History{}
 	var cfg *Config
@@ -215,6 +246,7 @@ func ReadHistory(r io.Reader) (*History, *Config, error) {
 			Config  *Config  `json:"config"`
 			Event   *Event   `json:"event"`
 			Anomaly *Anomaly `json:"anomaly"`
+			Unavail []int64  `json:"unavailable"`
 			Op
 		}
 		line.Op.Complete = -2
@@ -230,6 +262,8 @@ func ReadHistory(r io.Reader) (*History, *Config, error) {
 			h.Events = append(h.Events, line.Event)
 		case line.Anomaly != nil:
 			h.Anomalies = append(h.Anomalies, line.Anomaly)
+		case line.Unavail != nil:
+			h.Unavail = append(h.Unavail, line.Unavail...)
 		case line.Op.Complete != -2:
 			op := line.Op
 			h.Ops = append(h.Ops, &op)

@@ -12,30 +12,49 @@ import (
 // The lock of one key as a sequential object, for porcupine. Leases make it
 // time-dependent, and porcupine's step function sees no time, so each
 // operation carries its own call and return times and the model asks only
-// what they allow: a lease that started after its acquire was sent cannot
-// end before call+lease, so a later grant is possible only if that has
-// passed by the later operation's return; a holder counts as live for a T
-// (single mode) only while its answer's return plus lease has not passed by
-// the T's call. These bounds are loose in the system's favour, so the model
-// flags only histories no legal execution could produce.
+// what they allow. Every operation takes effect at an instant between its
+// call and its return, after the operations placed before it in the order,
+// so no earlier than the latest call among them and its own (the state's
+// now). A lease that started then or later cannot end before that plus the
+// lease, so a later grant is possible only if that has passed by the later
+// operation's return; a holder counts as live for a T (single mode) only
+// while its answer's return plus lease has not passed by the T's earliest
+// instant. These bounds are loose in the system's favour, so the model
+// flags only histories no legal execution could produce. (An unknown
+// outcome that never took effect can be placed after everything else,
+// where its call moves nothing.)
 
 const ghost = math.MaxUint64 // a grant whose answer never arrived: token unknown
 
+// lostMargin: an unknown grant ends early (released as undeliverable) only
+// once the server has found its connection gone: after the client closed
+// it, or, when the server closed it, a moment before the client saw that.
+const lostMargin = int64(100 * time.Millisecond)
+
+// crashGrace: after a kill -9 in single mode, no key is granted before the
+// lease ceiling stored before the process died, which runs up to 2 s (the
+// server's lease step) past the latest deadline it granted; plus a few ms
+// between the server's clock readings and the campaign's.
+const crashGrace = int64(2*time.Second + 10*time.Millisecond)
+
 type lockState struct {
 	holder     uint64 // 0: free
-	hCall      int64  // holder's acquire call
+	hCall      int64  // earliest instant the holder's grant can have taken effect
 	hRet       int64  // holder's acquire return (MaxInt64 for a ghost)
+	hLost      int64  // a ghost's Op.LostAt (0: not recorded)
 	lease      int64  // holder's lease, ns
 	forgotten  bool   // single mode: the server lost this holder in a crash; its lease still binds
 	last       uint64 // largest token known granted
 	graceUntil int64  // single mode: after a crash, free keys may answer T until then
+	now        int64  // the latest call among the operations placed so far
 }
 
 type lockIn struct {
-	kind      byte // 'A', 'R', 'C' (crash)
+	kind      byte // 'A', 'R', 'C' (crash: from the kill's send until the process had died)
 	token     uint64
 	lease     int64
 	call, ret int64
+	lost      int64 // Op.LostAt
 	op        *Op
 }
 
@@ -53,79 +72,88 @@ func satAdd(a, b int64) int64 {
 
 func lockModel(cfg CheckConfig) porcupine.Model {
 	single := cfg.Mode == "single"
-	// canEnd: the holder's lease (or a ghost, which the server may have
-	// released as undeliverable at any time) may be over by the time ret.
+	// canEnd: the holder's lease may be over by the time ret; a ghost may
+	// also have been released as undeliverable once its connection was gone.
 	canEnd := func(s lockState, ret int64) bool {
-		return s.holder == ghost || satAdd(s.hCall, s.lease) <= ret
+		if satAdd(s.hCall, s.lease) <= ret {
+			return true
+		}
+		return s.holder == ghost && (s.hLost == 0 || s.hLost-lostMargin <= ret)
 	}
-	held := func(s lockState, call int64) bool {
+	held := func(s lockState, at int64) bool {
 		if s.holder == 0 {
 			return false
 		}
 		if !single || s.holder == ghost {
 			return true // cluster: held until a committed Expire, whenever that is
 		}
-		return call < satAdd(s.hRet, s.lease)
+		return at < satAdd(s.hRet, s.lease)
 	}
 	step := func(st, inp, outp any) []any {
 		s, in, out := st.(lockState), inp.(lockIn), outp.(lockOut)
+		at := max(s.now, in.call)
+		same := s
+		same.now = at
+		free := lockState{last: s.last, graceUntil: s.graceUntil, now: at}
 		switch in.kind {
 		case 'C':
-			n := s
+			n := same
 			if n.holder != 0 {
 				n.forgotten = true
 			}
-			n.graceUntil = max(n.graceUntil, in.call+cfg.MaxLease+int64(2*time.Second))
+			n.graceUntil = max(n.graceUntil, satAdd(in.ret, cfg.MaxLease+crashGrace))
 			return []any{n}
 		case 'A':
-			free := s.holder == 0 || canEnd(s, in.ret)
+			canGrant := s.holder == 0 || canEnd(s, in.ret)
 			grant := func(tok uint64) lockState {
-				n := lockState{holder: tok, hCall: in.call, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil}
-				if tok != ghost {
+				n := lockState{holder: tok, hCall: at, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: at}
+				if tok == ghost {
+					n.hLost = in.lost
+				} else {
 					n.last = tok
 				}
 				return n
 			}
 			switch out.res {
 			case ResGranted:
-				if free && out.token > s.last {
+				if canGrant && out.token > s.last {
 					return []any{grant(out.token)}
 				}
 				return nil
 			case ResTimedOut:
-				if held(s, in.call) || (single && in.call < s.graceUntil) {
-					return []any{s}
+				if held(s, at) || (single && at < s.graceUntil) {
+					return []any{same}
 				}
 				return nil
 			case ResBusy:
-				return []any{s}
+				return []any{same}
 			default: // unknown: not carried out, or granted with a token never seen
-				if free {
-					return []any{s, grant(ghost)}
+				if canGrant {
+					return []any{same, grant(ghost)}
 				}
-				return []any{s}
+				return []any{same}
 			}
 		case 'R':
 			mine := s.holder == in.token && !s.forgotten
 			switch out.res {
 			case ResReleased:
 				if mine {
-					return []any{lockState{last: s.last, graceUntil: s.graceUntil}}
+					return []any{free}
 				}
 				return nil
 			case ResNotReleased:
 				if !mine {
-					return []any{s}
+					return []any{same}
 				}
 				if canEnd(s, in.ret) { // expired and gone
-					return []any{lockState{last: s.last, graceUntil: s.graceUntil}}
+					return []any{free}
 				}
 				return nil
 			default:
 				if mine {
-					return []any{s, lockState{last: s.last, graceUntil: s.graceUntil}}
+					return []any{same, free}
 				}
-				return []any{s}
+				return []any{same}
 			}
 		}
 		return nil
@@ -174,7 +202,7 @@ func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashe
 			switch o.Kind {
 			case 'A', 'R':
 				lh = append(lh, porcupine.Operation{ClientId: o.Worker, Call: o.Invoke, Return: ret,
-					Input:  lockIn{kind: o.Kind, token: o.Token, lease: int64(o.LeaseMs) * int64(time.Millisecond), call: o.Invoke, ret: ret, op: o},
+					Input:  lockIn{kind: o.Kind, token: o.Token, lease: int64(o.LeaseMs) * int64(time.Millisecond), call: o.Invoke, ret: ret, lost: o.LostAt, op: o},
 					Output: lockOut{res: o.Result, token: o.Token}})
 			case 'W':
 				rh = append(rh, porcupine.Operation{ClientId: o.Worker, Call: o.Invoke, Return: o.Complete,
@@ -183,8 +211,8 @@ func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashe
 		}
 		if len(lh) > 1 {
 			for _, c := range crashes {
-				lh = append(lh, porcupine.Operation{ClientId: -1, Call: c.Start, Return: c.End,
-					Input: lockIn{kind: 'C', call: c.Start, ret: c.End}, Output: lockOut{}})
+				lh = append(lh, porcupine.Operation{ClientId: -1, Call: c.Start, Return: c.killed(),
+					Input: lockIn{kind: 'C', call: c.Start, ret: c.killed()}, Output: lockOut{}})
 			}
 			sort.SliceStable(lh, func(i, j int) bool { return lh[i].Call < lh[j].Call })
 			lockHist = append(lockHist, lh)
@@ -204,7 +232,7 @@ func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashe
 				v.Ops, v.At = illegalOps(info, hist)
 				r.Violations = append(r.Violations, v)
 			case porcupine.Unknown:
-				r.Notes = append(r.Notes, fmt.Sprintf("%s: key %q (%d operations) not decided within %v", name, ks[i], len(hist), cfg.LinTimeout))
+				r.Undecided = append(r.Undecided, Undecided{Check: name, Key: ks[i], Ops: len(hist), Limit: cfg.LinTimeout})
 			}
 		}
 	}

@@ -101,6 +101,7 @@ func (n *nemesis) run(name string) *Event {
 		ev.Kind, ev.Nodes = EvCrash, []int{id}
 		say("kill -9 node %d (%s), restart after %v", id, why, down.Round(time.Millisecond))
 		n.tg.kill(id)
+		ev.Killed = n.h.Now() // kill waits for the process to exit
 		time.Sleep(down)
 		if err := n.tg.start(n.tg.node(id)); err != nil {
 			n.fail("restart node %d: %v", id, err)
@@ -111,6 +112,7 @@ func (n *nemesis) run(name string) *Event {
 		for _, id := range n.tg.ids() {
 			n.tg.kill(id)
 		}
+		ev.Killed = n.h.Now()
 		time.Sleep(time.Second)
 		for _, nd := range n.tg.nodes {
 			if err := n.tg.launch(nd); err != nil {

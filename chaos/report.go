@@ -150,6 +150,9 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	verdict := "no violation found"
 	if o.Failed() {
 		verdict = fmt.Sprintf("**FAILED**: %d violation(s), %d harness problem(s)", len(o.Check.Violations), len(o.Problems))
+		if n := len(o.Check.Undecided); n > 0 {
+			verdict += fmt.Sprintf(", %d key(s) not decided", n)
+		}
 	}
 	p("# Fault campaign `%s`: %s", cfg.Name, verdict)
 	p("")
@@ -199,16 +202,25 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	p("")
 	p("| check | result |")
 	p("|---|---|")
-	per := map[string]int{}
+	per, undecided := map[string]int{}, map[string]int{}
 	for _, v := range o.Check.Violations {
 		per[v.Check]++
 	}
+	for _, u := range o.Check.Undecided {
+		undecided[u.Check]++
+	}
 	for _, c := range []string{CheckExclusion, CheckTokens, CheckDurability, CheckOnce, CheckLiveness, CheckRegister, CheckLinearLock, CheckLinearFence} {
-		res := "pass"
+		var res []string
 		if n := per[c]; n > 0 {
-			res = fmt.Sprintf("**%d violation(s)**", n)
+			res = append(res, fmt.Sprintf("**%d violation(s)**", n))
 		}
-		p("| %s | %s |", c, res)
+		if n := undecided[c]; n > 0 {
+			res = append(res, fmt.Sprintf("**not decided** (%d key(s))", n))
+		}
+		if res == nil {
+			res = []string{"pass"}
+		}
+		p("| %s | %s |", c, strings.Join(res, ", "))
 	}
 	p("")
 	p("## Faults and availability")
@@ -227,8 +239,8 @@ func writeReport(dir string, o *Outcome) (string, error) {
 			g.Longest.Round(time.Millisecond), g.WorstShardGap.Round(time.Millisecond), g.WorstShard, rec, e.Detail)
 	}
 	p("")
-	if len(o.Skipped) > 0 || len(o.Problems) > 0 || len(o.Check.Notes) > 0 {
-		p("## Skipped, problems, notes")
+	if len(o.Skipped) > 0 || len(o.Problems) > 0 || len(o.Check.Undecided) > 0 {
+		p("## Skipped, problems, undecided")
 		p("")
 		for _, s := range o.Skipped {
 			p("- skipped: %s", s)
@@ -236,8 +248,8 @@ func writeReport(dir string, o *Outcome) (string, error) {
 		for _, s := range o.Problems {
 			p("- **problem**: %s", s)
 		}
-		for _, s := range o.Check.Notes {
-			p("- not decided: %s", s)
+		for _, u := range o.Check.Undecided {
+			p("- **not decided**: %s", u)
 		}
 		p("")
 	}
@@ -263,7 +275,11 @@ func writeReport(dir string, o *Outcome) (string, error) {
 			}
 			for _, e := range h.Events {
 				if e.Start < v.At+int64(3*time.Second) && e.End > v.At-int64(10*time.Second) {
-					p("fault %s %v [%s..%s] %s", e.Kind, e.Nodes, fmtT(e.Start), fmtT(e.End), e.Detail)
+					died := ""
+					if e.Killed > 0 {
+						died = " died " + fmtT(e.Killed)
+					}
+					p("fault %s %v [%s..%s]%s %s", e.Kind, e.Nodes, fmtT(e.Start), fmtT(e.End), died, e.Detail)
 				}
 			}
 			p("```")

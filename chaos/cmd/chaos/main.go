@@ -2,7 +2,8 @@
 // mode, and a 3-node cluster when the binary has cluster mode), drives
 // workloads from many connections, injects faults on a seeded schedule,
 // checks the recorded history, and writes a Markdown report and a PNG
-// timeline per campaign. It exits 1 if any check finds a violation.
+// timeline per campaign. It exits 1 if any check finds a violation or
+// cannot decide.
 //
 //	chaos                  # the long campaign, both modes (about 10 minutes)
 //	chaos -quick           # about a minute per mode
@@ -13,6 +14,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,7 +36,7 @@ func main() {
 	recheck := flag.String("recheck", "", "check a recorded history (NAME.history.jsonl.gz) again and rewrite its report in -out; no servers (-mode, -seed, -duration describe it if the file does not)")
 	flag.Parse()
 	if *recheck != "" {
-		os.Exit(recheckFile(*recheck, chaos.Config{Mode: *mode, Out: *out, Seed: *seed, Duration: *duration}))
+		os.Exit(recheckFile(os.Stdout, *recheck, chaos.Config{Mode: *mode, Out: *out, Seed: *seed, Duration: *duration}))
 	}
 	os.Exit(run(*mode, *quick, *duration, *seed, *out, *bin, *netns, *nemeses))
 }
@@ -105,11 +107,16 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", cfg.Name, err)
 			failed = true
+		}
+		if o == nil || o.Check == nil {
 			summary = append(summary, fmt.Sprintf("%s: could not run: %v", cfg.Name, err))
 			continue
 		}
-		line := fmt.Sprintf("%s: %d operations, %d faults, %d violations, %d problems; report %s",
-			cfg.Name, len(o.History.Ops), len(o.History.Events), len(o.Check.Violations), len(o.Problems), o.Report)
+		line := fmt.Sprintf("%s: %d operations, %d faults, %d violations, %d undecided, %d problems; report %s",
+			cfg.Name, len(o.History.Ops), len(o.History.Events), len(o.Check.Violations), len(o.Check.Undecided), len(o.Problems), o.Report)
+		if err != nil {
+			line += "\n  ERROR writing the results: " + err.Error()
+		}
 		for _, s := range o.Skipped {
 			line += "\n  skipped: " + s
 		}
@@ -123,8 +130,8 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 			}
 			line += "\n  VIOLATION " + v.String()
 		}
-		for _, n := range o.Check.Notes {
-			line += "\n  note: " + n
+		for _, u := range o.Check.Undecided {
+			line += "\n  NOT DECIDED " + u.String()
 		}
 		if o.Failed() {
 			failed = true
@@ -144,23 +151,32 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 	return 0
 }
 
-func recheckFile(path string, cfg chaos.Config) int {
+// recheckFile checks a recorded history again and prints what it found to
+// w, even when its report could not be written. It returns the exit code:
+// 1 for a violation or an undecided check, 2 if it could not do its work.
+func recheckFile(w io.Writer, path string, cfg chaos.Config) int {
 	name := strings.TrimSuffix(filepath.Base(path), ".history.jsonl.gz")
 	cfg.Name = name
 	o, err := chaos.Recheck(path, cfg)
-	if err != nil {
+	if o == nil || o.Check == nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
 	for _, v := range o.Check.Violations {
-		fmt.Println("VIOLATION " + v.String())
+		fmt.Fprintln(w, "VIOLATION "+v.String())
 	}
-	for _, n := range o.Check.Notes {
-		fmt.Println("note: " + n)
+	for _, u := range o.Check.Undecided {
+		fmt.Fprintln(w, "NOT DECIDED "+u.String())
 	}
-	fmt.Printf("%s: %d operations, %d violations; report %s\n", name, len(o.History.Ops), len(o.Check.Violations), o.Report)
-	if len(o.Check.Violations) > 0 {
+	fmt.Fprintf(w, "%s: %d operations, %d violations, %d undecided; report %s\n", name, len(o.History.Ops), len(o.Check.Violations), len(o.Check.Undecided), o.Report)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	switch {
+	case o.Check.Failed():
 		return 1
+	case err != nil:
+		return 2
 	}
 	return 0
 }
