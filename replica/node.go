@@ -232,6 +232,7 @@ type group struct {
 	term       atomic.Uint64
 	timerRun   atomic.Bool  // a timer proposal is in flight
 	reapRun    atomic.Bool  // a withdraw of lost nodes' acquires is in flight (reapLoop)
+	ledSince   atomic.Int64 // monoNow of when this node last became the leader (reapLoop)
 	lastOK     atomic.Int64 // monoNow of the last proposal of ours that committed
 	transferAt time.Time    // the last leader transfer asked for (balanceLoop only)
 	// handing is closed when the transfer of this shard's leadership that
@@ -750,27 +751,43 @@ func (g *group) leaderChanged() <-chan struct{} {
 // there would.
 var startFault func(i int) error
 
-// noticeAtLeaderChange is false only in a test of a node whose notice has
-// not committed yet.
-var noticeAtLeaderChange = true
+// retryNotice: the proposer tries a notice that gave up again by itself
+// (false only in a test of a node whose notice has not committed yet).
+var retryNotice = true
 
 // proposer turns what add queued into proposals, up to maxInflight at once;
 // everything queued while they are in flight goes into the next one.
 func (g *group) proposer() {
 	defer g.n.wg.Done()
+	var changed <-chan struct{}
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
 	for {
-		// Until the notice commits, a leader change tries it again: a
-		// node started before its peers, with nothing queued, would
-		// otherwise stay unready until its first request.
-		var changed <-chan struct{}
-		if !g.agreed.Load() && g.n.Err() == nil && noticeAtLeaderChange {
-			changed = g.leaderChanged()
+		// Until the notice commits, a leader change tries it again, and
+		// so does every leaderless timeout (an attempt can give up with
+		// the leader unchanged, as behind a slow apply): a node started
+		// before its peers, or one that readiness checks keep unused,
+		// would otherwise stay unready until its first request.
+		var again <-chan time.Time
+		if !g.agreed.Load() && g.n.Err() == nil && retryNotice {
+			if changed == nil {
+				changed = g.leaderChanged()
+			}
+			retry.Reset(g.n.opt.LeaderlessTimeout)
+			again = retry.C
 		}
 		select {
 		case <-g.n.stop:
 			return
 		case <-g.kick:
 		case <-changed:
+			changed = nil
+		case <-again:
+		}
+		if !g.agreed.Load() && retryNotice {
+			// Taken before the attempt: a change while it runs wakes the
+			// next wait at once.
+			changed = g.leaderChanged()
 		}
 		if !g.agreed.Load() && !g.announce() {
 			continue
@@ -1451,6 +1468,11 @@ func (n *Node) reapLoop() {
 			if f == nil || g.leader.Load() != uint64(self) || g.reapRun.Load() {
 				continue
 			}
+			if sinceMono(g.ledSince.Load()) < lostAfter*n.opt.UnavailableTimeout {
+				// A follower sends to no other follower: its view of a
+				// node's reach can be old until it has led for a while.
+				continue
+			}
 			clear(most)
 			f.mu.Lock()
 			f.t.WaitingAbove(self, most)
@@ -1461,8 +1483,10 @@ func (n *Node) reapLoop() {
 				if addr, member := m.addrs[node]; member && !n.downFor(addr, lostAfter*n.opt.UnavailableTimeout) {
 					continue
 				}
-				// Every incarnation up to the latest with acquires queued.
-				below := requesterConn(conn>>connBits+1, 0)
+				// The connections seen, of every incarnation up to theirs:
+				// one the node opens later, as after the link heals before
+				// this commits, keeps its acquires.
+				below := conn + 1
 				b = appendCommand(b, &shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: node, Conn: below}})
 				count++
 				n.log.Warn("withdrawing the queued acquires of a node out of reach",
@@ -1489,6 +1513,9 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 	g := n.grps[info.ShardID-1]
 	prev := g.leader.Swap(info.LeaderID)
 	g.term.Store(info.Term)
+	if info.LeaderID == uint64(n.opt.NodeID) && prev != info.LeaderID {
+		g.ledSince.Store(monoNow())
+	}
 	if info.LeaderID == 0 {
 		g.leaderless.CompareAndSwap(0, monoNow())
 	} else {
@@ -1711,8 +1738,11 @@ func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		last = change(actx)
 		cancel()
-		if errors.Is(last, dragonboat.ErrInvalidAddress) || errors.Is(last, dragonboat.ErrInvalidOperation) || errors.Is(last, dragonboat.ErrRejected) {
-			return last // no retry changes these
+		if errors.Is(last, dragonboat.ErrInvalidAddress) || errors.Is(last, dragonboat.ErrInvalidOperation) {
+			// No retry changes these. (ErrRejected may: an attempt that
+			// timed out but committed makes the next one a repeat, and
+			// the check above finds it done once applied here.)
+			return last
 		}
 		if last != nil {
 			select {

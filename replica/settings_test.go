@@ -4,12 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ticketd/ticketd/netloop"
 )
 
 // A node started with other settings than the cluster's stops, whether they
@@ -277,8 +282,8 @@ func TestEarlierDataDirReplaysUnderItsPinnedLimits(t *testing.T) {
 // limits: it was started with the cluster's of its time, and stopping it
 // for a change made while it ran would leave the cluster without it.
 func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
-	noticeAtLeaderChange = false
-	defer func() { noticeAtLeaderChange = true }()
+	retryNotice = false
+	defer func() { retryNotice = true }()
 	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
 	c.start(0)
 	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
@@ -406,4 +411,47 @@ func hasSettings(g *group) bool {
 	}
 	_, _, ok := f.settings()
 	return ok
+}
+
+// A node whose settings notice gave up while the shard's leader stayed the
+// same (its apply stalled past the unavailable timeout, as in a long
+// catch-up or a disk stall; here the replica's lock is held) tries it again
+// by itself: readiness checks send it nothing until it is ready.
+func TestClusterNoticeGivenUpWithAStableLeaderIsTriedAgain(t *testing.T) {
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = time.Second })
+	c.stop(2)
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
+	opt.Logger = zaptest.NewLogger(t).Named("n3")
+	n, err := Start(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := n.grps[0].fsm.Load()
+	if f == nil {
+		t.Fatal("no fsm yet")
+	}
+	f.mu.Lock() // the replica's apply stalls
+	ln, err := net.Listen("tcp", freePort(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 200, Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Attach(srv)
+	if err := srv.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[2], c.srvs[2], c.addrs[2] = n, srv, ln.Addr().String()
+	time.Sleep(2500 * time.Millisecond) // the notice gives up after 1 s, the leader known throughout
+	f.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for !n.Ready() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !n.Ready() {
+		t.Fatalf("not ready 10 s after its apply resumed, with the leader known throughout: %+v", n.Status(false))
+	}
 }
