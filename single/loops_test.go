@@ -221,6 +221,63 @@ func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
 	}
 }
 
+// A hand-over's answer that a later frame of the same batch holds back (its
+// synced write takes 5 s here) also keeps its whole lease from the answer:
+// the batch's answers leave when it ends, its own connection's and, with one
+// event loop, the other connections' too.
+func TestHandOverHeldBackByALaterFrameKeepsItsLease(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		loops int
+		same  bool // the waiter queued on the releaser's connection
+	}{
+		{"same connection, one loop", 1, true},
+		{"same connection, two loops", 2, true},
+		{"other connection, one loop", 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := startRig(t, t.TempDir(), rigOpts{loops: tc.loops, shards: 1})
+			c, w, x := g.dial(), g.dial(), g.dial()
+			if tc.same {
+				w = c
+			}
+			tok := c.acquire("h", "k", 1000)
+			w.send("A w k 2000 60000")
+			time.Sleep(50 * time.Millisecond) // queued
+			var slow atomic.Bool
+			slow.Store(true)
+			g.store.setSaveErr(func(s state) error {
+				if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(true, false) {
+					g.clock.jump(5 * time.Second)
+				}
+				return nil
+			})
+			c.send(fmt.Sprintf("R %d k", tok), "A y big 600000 0")
+			if tc.same {
+				c.expect(fmt.Sprintf("R %d k", tok))
+			}
+			w.granted("w", "k")
+			answered := g.clock.now() // w counts its 2 s lease from here
+			if !tc.same {
+				c.expect(fmt.Sprintf("R %d k", tok))
+			}
+			c.granted("y", "big")
+			if slow.Load() {
+				t.Fatal("no synced write in the batch: the test did not test that")
+			}
+			x.send("A x k 1000 7200000")
+			time.Sleep(50 * time.Millisecond) // queued
+			g.clock.Advance(2*time.Second - time.Millisecond)
+			_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if line, err := x.r.ReadString('\n'); err == nil {
+				t.Fatalf("%q %v after w's answer, while w (lease 2 s from its answer) still held k", line, time.Duration(g.clock.now()-answered))
+			}
+			g.clock.Advance(2 * time.Millisecond)
+			x.granted("x", "k")
+		})
+	}
+}
+
 // A clean shutdown releases a grant that could not be delivered before it
 // writes the snapshot, so the restart holds no key under a token nobody
 // received.

@@ -73,6 +73,18 @@ type part struct {
 	post    []byte
 	orphans []orphan
 	next    atomic.Int64 // earliest timer of t, for the timer goroutine
+	// handed: the hand-overs a Handle call routed, whose answers leave
+	// only once the call returns (see renewHanded).
+	handed  []handed
+	keys    []byte       // their keys
+	nHanded atomic.Int32 // len(handed), read without p.mu
+}
+
+type handed struct {
+	key             [2]int // in part.keys
+	self            uint64 // the connection whose Handle call routed it
+	token           uint64
+	since, deadline int64
 }
 
 type orphan struct {
@@ -460,7 +472,7 @@ func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self
 	for p := range r.touchedParts(touched[:words]) {
 		p.mu.Lock()
 	}
-	defer r.unlockTouched(touched[:words])
+	defer r.unlockTouched(touched[:words], self)
 	if r.closing.Load() {
 		return out, 0, true
 	}
@@ -500,8 +512,11 @@ func (r *Runner) touchedParts(words []uint64) iter.Seq[*part] {
 }
 
 // unlockTouched publishes each shard's next timer and unlocks it.
-func (r *Runner) unlockTouched(words []uint64) {
+func (r *Runner) unlockTouched(words []uint64, self uint64) {
 	for p := range r.touchedParts(words) {
+		if len(p.handed) > 0 {
+			r.renewHanded(p, self)
+		}
 		r.publishNext(p)
 		p.mu.Unlock()
 	}
@@ -554,6 +569,16 @@ func (r *Runner) handleGrouped(reqs []codec.Request, out []byte, now int64, self
 			stop = true
 		}
 	}
+	for i := 0; i < g.Len(); {
+		sh, run := g.Run(i)
+		i += len(run)
+		if p := r.parts[sh]; p.nHanded.Load() > 0 {
+			p.mu.Lock()
+			r.renewHanded(p, self)
+			r.publishNext(p)
+			p.mu.Unlock()
+		}
+	}
 	if g.Len() > 0 { // also when stopping: what was answered keeps request order
 		if _, first := g.Run(0); len(first) < g.Len() {
 			out = r.inRequestOrder(out, start, spans[:len(reqs)])
@@ -598,7 +623,7 @@ func (r *Runner) route(p *part, now int64, self uint64, out []byte) ([]byte, int
 	for {
 		r.coverLeases(p)
 		if !r.isFailed.Load() {
-			now = r.renewLate(p, now)
+			now = r.renewLate(p, now, self)
 		}
 		held := r.isFailed.Load()
 		for i := range p.out {
@@ -646,8 +671,9 @@ const lateSlack = int64(10 * time.Microsecond)
 // write), a synced write of coverLeases or reserveTokens, or a long batch.
 // Their holders count from the answer, so the leases move on by the time
 // that passed before it leaves, and the ceiling covers them again. Returns
-// the time the leases now count from. Under p.mu.
-func (r *Runner) renewLate(p *part, now int64) int64 {
+// the time the leases now count from. A Handle call's hand-overs are kept
+// for renewHanded. Under p.mu.
+func (r *Runner) renewLate(p *part, now int64, self uint64) int64 {
 	for {
 		waited := false
 		for i := range p.out {
@@ -658,6 +684,17 @@ func (r *Runner) renewLate(p *part, now int64) int64 {
 		}
 		late := r.clock.now() - now
 		if late <= lateSlack {
+			for i := range p.out {
+				if self == 0 {
+					break // not a Handle call: the answers leave once p is unlocked
+				}
+				if a := &p.out[i]; a.Result == shard.Acquired && a.Waited {
+					at := len(p.keys)
+					p.keys = append(p.keys, a.Key...)
+					p.handed = append(p.handed, handed{key: [2]int{at, len(p.keys)}, self: self, token: a.Token, since: now, deadline: a.Deadline})
+					p.nHanded.Store(int32(len(p.handed)))
+				}
+			}
 			return now
 		}
 		for i := range p.out {
@@ -670,6 +707,42 @@ func (r *Runner) renewLate(p *part, now int64) int64 {
 		now += late
 		r.coverLeases(p)
 	}
+}
+
+// renewHanded is renewLate at the end of the Handle call of connection
+// self, for the hand-overs it routed: their answers leave only once it
+// returns (its own connection's, and, with one event loop, the others'
+// too), so a later frame's synced write delays them. Their leases move on
+// by the time that passed since they were counted from. Under p.mu.
+func (r *Runner) renewHanded(p *part, self uint64) {
+	for !r.isFailed.Load() {
+		now := r.clock.now()
+		moved := false
+		for i := range p.handed {
+			h := &p.handed[i]
+			if late := now - h.since; h.self == self && late > lateSlack {
+				h.since, h.deadline = now, satAdd(h.deadline, late)
+				p.t.Extend(p.keys[h.key[0]:h.key[1]], h.token, h.deadline)
+				moved = true
+			}
+		}
+		if !moved {
+			break
+		}
+		r.renewals.Add(1)
+		r.coverLeases(p)
+	}
+	keep := p.handed[:0]
+	for _, h := range p.handed {
+		if h.self != self {
+			keep = append(keep, h)
+		}
+	}
+	p.handed = keep
+	if len(keep) == 0 {
+		p.keys = p.keys[:0]
+	}
+	p.nHanded.Store(int32(len(keep)))
 }
 
 // publishNext tells the timer loop p's earliest timer, and wakes it if that
