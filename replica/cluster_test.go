@@ -511,6 +511,10 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	x.send("A x k 1000 0")
 	x.expect("T x k")
 	c.checkReplicasAgree()
+	// Node 3's id cannot come back: raft does not take a removed id.
+	if err := c.nodes[1].Replace(ctx, 4, 3, freePort(t)); err == nil || !strings.Contains(err.Error(), "removed") {
+		t.Fatalf("a replace by the removed id 3: %v", err)
+	}
 	c.stop(0)
 	y := c.dial(1)
 	y.send("R 1 k")
@@ -724,7 +728,7 @@ func TestReplaceEndsWhenItsNodeStops(t *testing.T) {
 		defer cancel()
 		done <- n.Replace(ctx, 3, 4, addr)
 	}()
-	time.Sleep(300 * time.Millisecond) // into its attempts
+	time.Sleep(1500 * time.Millisecond) // past its reads of the members (1 s each without quorum), into its attempts
 	c.stop(0)
 	closed.Store(true)
 	select {

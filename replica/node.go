@@ -1626,6 +1626,22 @@ var replaceSeenDown = 5 * time.Second
 // A shard already changed (old out, new in) is skipped, so a replace that
 // was cut short can be run again.
 func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) error {
+	for _, g := range n.grps {
+		// Raft never takes a removed id back: the add would be refused
+		// for ever, with old already out.
+		mctx, cancel := context.WithTimeout(ctx, time.Second)
+		m, err := n.nh.SyncGetShardMembership(mctx, g.id)
+		cancel()
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		if err != nil {
+			continue // no quorum now: the change itself waits for one
+		}
+		if _, gone := m.Removed[uint64(new)]; gone {
+			return fmt.Errorf("replica: node %d was removed from shard %d before, and raft does not take a removed id back: give the new node an id never used", new, g.idx)
+		}
+	}
 	seenUp := time.Now().Add(replaceSeenDown)
 	for {
 		info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
