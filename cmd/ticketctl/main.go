@@ -43,7 +43,8 @@ const defaultAddr = "127.0.0.1:7411"
 const exitCodesHelp = `Exit codes:
   0  ok
   1  error: ticketd unreachable, connection lost, no answer in time
-  2  usage: a bad command, flag or argument
+  2  usage: a bad command, flag or argument, or a --lease or --wait beyond
+     the server's --max-lease/--max-wait
   3  held: the key is held by someone else (after --wait), or ticketd is in
      its grace period after a crash, when it answers every key as held until
      the leases granted before the crash could have ended. The message says
@@ -210,33 +211,103 @@ func (c *command) parseArgs(args []string, npos int, tail bool, stdout, stderr i
 	}
 }
 
+// Timeouts. A node that is gone without a reset (its host down, a link cut)
+// lets a connection attempt run to its timeout, and a request on an open
+// connection go unanswered. With several addresses each attempt gets
+// dialPerAddr, so that the next address is tried in time (one alone gets
+// dialOnly), and the dial as a whole that for each address and a second
+// more. A connection that leaves a request unanswered answerTimeout past its
+// wait, with nothing else arriving, is given up as silent: that is above a
+// cluster node's --unavailable-timeout (5s by default), after which a node
+// without quorum answers E unavailable, and below the timeouts of the
+// commands, so that a hung node is noticed and (for a release) another
+// address tried.
+const (
+	dialOnly      = 5 * time.Second
+	dialPerAddr   = 2 * time.Second
+	answerTimeout = 7 * time.Second
+)
+
+// addrCount is how many addresses addr lists, as client.Dial splits it.
+func addrCount(addr string) int {
+	n := 0
+	for a := range strings.SplitSeq(addr, ",") {
+		if strings.TrimSpace(a) != "" {
+			n++
+		}
+	}
+	return max(n, 1)
+}
+
+// releaseTimeout bounds a release, with its tries again, on addr: each
+// address may take a dial timeout to skip, or answerTimeout to give up as
+// silent.
+func releaseTimeout(addr string) time.Duration {
+	return max(10*time.Second, time.Duration(addrCount(addr))*(answerTimeout+dialPerAddr))
+}
+
 // dial connects with one connection. The server, not the client, judges
 // leases and waits: one request per connection has nobody else to fail.
 func dial(addr string, stderr io.Writer) (*client.Client, int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	n := addrCount(addr)
+	per := dialOnly
+	if n > 1 {
+		per = dialPerAddr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(n)*per+time.Second)
 	defer cancel()
 	cl, err := client.Dial(ctx, addr, client.WithConns(1),
 		client.WithLimits(math.MaxInt64, math.MaxInt64),
+		client.WithDialTimeout(per),
+		client.WithAnswerTimeout(answerTimeout),
 		client.WithBackoff(50*time.Millisecond, time.Second))
 	if err != nil {
-		return nil, report(stderr, err, addr, "")
+		return nil, report(stderr, err, "", addr, "")
 	}
 	return cl, exitOK
 }
 
 // report explains err to the user (what happened and what to do) and returns
-// the exit code for it. key names the key for held and busy answers.
-func report(stderr io.Writer, err error, addr, key string) int {
-	msg, code := explain(err, addr, key)
+// the exit code for it. op is the request ("acquire", "release"; "" for a
+// dial), key names the key.
+func report(stderr io.Writer, err error, op, addr, key string) int {
+	msg, code := explain(err, op, addr, key)
 	fmt.Fprintf(stderr, "ticketctl: %s\n", msg)
 	return code
 }
 
-func explain(err error, addr, key string) (string, int) {
+// refused tells whether se is an E line for a request that the server could
+// not understand: it carried nothing out. Any other code (unavailable: no
+// quorum, or one this ticketctl does not know) leaves the outcome unknown.
+func refused(se *client.ServerError) bool {
+	switch se.Code {
+	case "syntax", "range", "too-long", "command":
+		return true
+	}
+	return false
+}
+
+// mayHaveHappened says what an unknown outcome of op on key means.
+func mayHaveHappened(op, key string) string {
+	switch op {
+	case "acquire":
+		return fmt.Sprintf("%s may or may not have been acquired; if it was, it stays held until its lease (--lease) ends", key)
+	case "release":
+		return fmt.Sprintf("%s may or may not have been released; run the release again (exit 5 then means that the token no longer holds it)", key)
+	}
+	return "the request may or may not have been carried out"
+}
+
+func explain(err error, op, addr, key string) (string, int) {
 	var (
 		ce *client.ConnError
 		se *client.ServerError
 	)
+	node := addr // the node that failed the request, when known
+	if errors.As(err, &ce) {
+		node = ce.Addr
+	}
+	isSE := errors.As(err, &se)
 	switch {
 	case errors.Is(err, client.ErrHeld):
 		return fmt.Sprintf("%s is held by someone else; use --wait DURATION to queue for it", key), exitHeld
@@ -246,17 +317,26 @@ func explain(err error, addr, key string) (string, int) {
 		return "", exitNotHeld // the caller words it
 	case errors.Is(err, client.ErrInvalid):
 		return strings.TrimPrefix(err.Error(), "ticketd: "), exitUsage
-	case errors.As(err, &se):
-		return fmt.Sprintf("ticketd at %s refused the request (%s: %s); check --lease and --wait against the server's --max-lease and --max-wait",
-			addr, se.Code, se.Text), exitError
-	case errors.As(err, &ce) && ce.Unknown:
-		return fmt.Sprintf("the connection to ticketd at %s broke before it answered (%s); the request may have been carried out",
-			ce.Addr, cause(ce.Err)), exitError
-	case errors.As(err, &ce):
+	case isSE && se.Code == "range":
+		return fmt.Sprintf("ticketd at %s refused the request as out of range (E range: %s): --lease or --wait is beyond the server's --max-lease/--max-wait (1h each by default); nothing was carried out",
+			node, se.Text), exitUsage
+	case isSE && refused(se):
+		return fmt.Sprintf("ticketd at %s could not understand the request (E %s: %s); nothing was carried out. Are ticketctl and ticketd of the same version?",
+			node, se.Code, se.Text), exitError
+	case isSE && se.Code == "unavailable":
+		return fmt.Sprintf("ticketd at %s has no quorum for the key's shard (E unavailable: %s); %s. Try again, or point --addr at other nodes too",
+			node, se.Text, mayHaveHappened(op, key)), exitError
+	case isSE:
+		return fmt.Sprintf("ticketd at %s gave up the request (E %s: %s); %s",
+			node, se.Code, se.Text, mayHaveHappened(op, key)), exitError
+	case ce != nil && ce.Unknown:
+		return fmt.Sprintf("the connection to ticketd at %s broke before it answered (%s); %s",
+			node, cause(ce.Err), mayHaveHappened(op, key)), exitError
+	case ce != nil:
 		return fmt.Sprintf("cannot reach ticketd at %s: %s; is it running? start it with `ticketd`, or point --addr or $TICKETD_ADDR at it",
-			ce.Addr, cause(ce.Err)), exitError
+			node, cause(ce.Err)), exitError
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Sprintf("no answer from ticketd at %s in time", addr), exitError
+		return fmt.Sprintf("no answer from ticketd at %s in time; %s", addr, mayHaveHappened(op, key)), exitError
 	case errors.Is(err, context.Canceled):
 		return "interrupted", exitSignal + int(syscall.SIGINT)
 	}
@@ -265,7 +345,20 @@ func explain(err error, addr, key string) (string, int) {
 
 // cause shortens a network error to what a user can act on ("connection
 // refused" rather than "dial tcp 127.0.0.1:7411: connect: connection refused").
+// Failed attempts at several addresses are named one by one.
 func cause(err error) string {
+	if j, ok := err.(interface{ Unwrap() []error }); ok && len(j.Unwrap()) > 1 {
+		var parts []string
+		for _, e := range j.Unwrap() {
+			c := cause(e)
+			var oe *net.OpError
+			if errors.As(e, &oe) && oe.Addr != nil {
+				c = oe.Addr.String() + ": " + c
+			}
+			parts = append(parts, c)
+		}
+		return strings.Join(parts, "; ")
+	}
 	var errno syscall.Errno
 	var dnsErr *net.DNSError
 	switch {
@@ -302,6 +395,13 @@ refuse writes from a holder whose lease has ended (a lower token).
 		return code
 	}
 	key := pos[0]
+	if code, ok := c.checkLeaseWait(*lease, *wait, stderr); !ok {
+		return code
+	}
+	// A stdout whose reader is gone must not kill ticketctl with the lock
+	// taken and its token unprinted: with SIGPIPE ignored the write fails,
+	// and the lock is given back.
+	signal.Ignore(syscall.SIGPIPE)
 	cl, code := dial(*c.addr, stderr)
 	if cl == nil {
 		return code
@@ -313,7 +413,7 @@ refuse writes from a holder whose lease has ended (a lower token).
 	l, sig, err := acquireInterruptible(cl, sigc, *owner, key, *lease, *wait)
 	if sig != nil {
 		if err == nil {
-			releaseAfter(cl, l, false, stderr)
+			releaseAfter(cl, l, *c.addr, false, stderr)
 		}
 		fmt.Fprintf(stderr, "ticketctl: interrupted (%v) before %s was acquired\n", sig, key)
 		return exitSignal + signum(sig)
@@ -321,8 +421,26 @@ refuse writes from a holder whose lease has ended (a lower token).
 	if err != nil {
 		return reportAcquire(stderr, cl, err, *c.addr, key, *wait, time.Since(t0))
 	}
-	fmt.Fprintln(stdout, l.Token)
+	if _, err := fmt.Fprintln(stdout, l.Token); err != nil {
+		// Nobody has the token: the lock would only block others until
+		// its lease ended.
+		fmt.Fprintf(stderr, "ticketctl: cannot print the token of %s: %v; giving the lock back\n", key, err)
+		releaseAfter(cl, l, *c.addr, false, stderr)
+		return exitError
+	}
 	return exitOK
+}
+
+// checkLeaseWait refuses a lease or wait that no server takes (the server
+// judges the upper limits, its --max-lease and --max-wait).
+func (c *command) checkLeaseWait(lease, wait time.Duration, stderr io.Writer) (int, bool) {
+	if lease < time.Millisecond {
+		return usageError(stderr, c.name, fmt.Sprintf("--lease %v: want at least 1ms (and at most the server's --max-lease, 1h by default)", lease)), false
+	}
+	if wait < 0 {
+		return usageError(stderr, c.name, fmt.Sprintf("--wait %v: want 0 or more (and at most the server's --max-wait, 1h by default)", wait)), false
+	}
+	return 0, true
 }
 
 // reportAcquire is report for an acquire of key that waited up to wait and
@@ -335,7 +453,7 @@ func reportAcquire(stderr io.Writer, cl *client.Client, err error, addr, key str
 			addr, key, took.Round(10*time.Millisecond), wait, key)
 		return exitEnded
 	case !errors.Is(err, client.ErrHeld):
-		return report(stderr, err, addr, key)
+		return report(stderr, err, "acquire", addr, key)
 	}
 	waited, hint := "", "; use --wait DURATION to queue for it"
 	if wait > 0 {
@@ -431,8 +549,11 @@ func cmdRelease(args []string, addr string, stdout, stderr io.Writer) int {
 		"ticketctl release KEY TOKEN [--addr HOST:PORT]",
 		`Gives back the lock on KEY held with TOKEN (as printed by 'ticketctl
 acquire'). Any process may release with the token: it alone proves
-holdership. Exits 5 if TOKEN does not hold KEY: it was released before, or its
-lease ended and the key may have gone to someone else since.
+holdership. Exits 5 if TOKEN does not hold KEY: it was released before, its
+lease ended and the key may have gone to someone else since, or ticketd
+restarted after a crash. A release whose connection fails (a node down, or
+without quorum) is sent again, to the next address if there are several:
+a token releases its key only once, so that is safe.
 `, addr)
 	pos, _, code, ok := c.parse(args, 2, "KEY and TOKEN", false, stdout, stderr)
 	if !ok {
@@ -450,20 +571,63 @@ lease ended and the key may have gone to someone else since.
 	defer cl.Close()
 	sigc, unnotify := notifyStop()
 	defer unnotify()
-	tctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	tctx, cancel := context.WithTimeout(context.Background(), releaseTimeout(*c.addr))
 	defer cancel()
 	ctx, stop := withSignals(tctx, sigc)
-	err = cl.Release(ctx, client.Lock{Key: key, Token: token})
-	if sig := stop(); sig != nil && errors.Is(err, context.Canceled) {
+	lost, err := release(ctx, cl, client.Lock{Key: key, Token: token})
+	sig := stop()
+	switch {
+	case err == nil:
+		return exitOK
+	case err == client.ErrNotHeld:
+		why := "it was released before, its lease ended, or ticketd restarted after a crash"
+		if lost {
+			why = "an earlier try, whose answer was lost with its connection, may have released it; or " + why
+		}
+		fmt.Fprintf(stderr, "ticketctl: token %d does not hold %s: %s\n", token, key, why)
+		return exitNotHeld
+	case sig != nil:
 		fmt.Fprintf(stderr, "ticketctl: interrupted (%v) before ticketd answered; %s may or may not have been released\n", sig, key)
 		return exitSignal + signum(sig)
 	}
-	if err == client.ErrNotHeld {
-		fmt.Fprintf(stderr, "ticketctl: token %d does not hold %s: it was released before, or its lease ended\n", token, key)
-		return exitNotHeld
+	msg, code := explain(err, "release", *c.addr, key)
+	if lost && code == exitError && !errors.Is(err, client.ErrOutcomeUnknown) && !errors.Is(err, context.DeadlineExceeded) {
+		msg += "; an earlier try's answer was lost with its connection, so " + mayHaveHappened("release", key)
 	}
-	if err != nil {
-		return report(stderr, err, *c.addr, key)
+	fmt.Fprintf(stderr, "ticketctl: %s\n", msg)
+	return code
+}
+
+// release gives l back. A try that fails on its connection (down, silent,
+// E unavailable) is made again, after a pause that grows to a second, on
+// whichever connection the client has up by then (it redials another
+// address first), until ctx ends or, for a Lock with a Deadline, the lease
+// has ended by itself. Sending a release again is safe: a token releases its
+// key once, and the later holders of the key have larger tokens. lost tells
+// whether a try was sent and left unanswered: then an N at the end may
+// answer a key that that try released.
+func release(ctx context.Context, cl *client.Client, l client.Lock) (lost bool, err error) {
+	pause := 50 * time.Millisecond
+	for {
+		err = cl.Release(ctx, l)
+		var (
+			ce *client.ConnError
+			se *client.ServerError
+		)
+		if !errors.As(err, &ce) || errors.As(err, &se) && refused(se) || errors.Is(err, client.ErrClosed) {
+			return lost, err
+		}
+		lost = lost || ce.Unknown
+		if !l.Deadline.IsZero() && !time.Now().Add(pause).Before(l.Deadline) {
+			return lost, err // the lease ends first: nothing left to give back
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return lost, err
+		case <-t.C:
+		}
+		pause = min(2*pause, time.Second)
 	}
-	return exitOK
 }

@@ -108,6 +108,35 @@ func child(mode string, args []string) int {
 				return 0
 			}
 		}
+	case "sigcount": // say ready, count SIGINT and SIGQUIT until 1s after the first, say how many
+		sigc := make(chan os.Signal, 16)
+		signal.Notify(sigc, syscall.SIGINT, syscall.SIGQUIT)
+		fmt.Println("ready")
+		counts := map[os.Signal]int{}
+		var end <-chan time.Time
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case s := <-sigc:
+				counts[s]++
+				if end == nil {
+					end = time.After(time.Second)
+				}
+				continue
+			case <-end:
+			case <-timeout:
+			}
+			fmt.Printf("INT=%d QUIT=%d\n", counts[syscall.SIGINT], counts[syscall.SIGQUIT])
+			return 0
+		}
+	case "waitfile": // say ready, exit 0 once the file args[0] exists
+		fmt.Println("ready")
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(args[0]); err == nil {
+				return 0
+			}
+		}
+		return 1
 	case "stubborn": // ignore SIGTERM, sleep args[0]
 		signal.Ignore(syscall.SIGTERM)
 		d, _ := time.ParseDuration(args[0])
@@ -142,6 +171,7 @@ func runCtl(t *testing.T, env []string, args ...string) result {
 	}
 	cmd := exec.Command(ticketctlBin, args...)
 	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = noTerminal()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	t0 := time.Now()
@@ -159,6 +189,11 @@ func runCtl(t *testing.T, env []string, args ...string) result {
 	}
 	return result{cmd.ProcessState.ExitCode(), out.String(), errb.String(), time.Since(t0)}
 }
+
+// noTerminal starts ticketctl in a session of its own, without a
+// controlling terminal, even when the tests run in one: as a service or cron
+// job would, so that run passes every signal sent to it on (see passOn).
+func noTerminal() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
 
 // lockedBuffer is written by a process and read by the test meanwhile.
 type lockedBuffer struct {
@@ -193,6 +228,7 @@ func start(t *testing.T, args ...string) *running {
 	}
 	r := &running{cmd: exec.Command(ticketctlBin, args...), stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
 	r.cmd.Stdout, r.cmd.Stderr = r.stdout, r.stderr
+	r.cmd.SysProcAttr = noTerminal()
 	r.t0 = time.Now()
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)

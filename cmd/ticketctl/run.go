@@ -32,12 +32,16 @@ it can pass the fencing token along with its writes:
 There is no renewal: pick a --lease longer than the command takes. If the
 lease ends first, ticketctl says so on stderr (someone else may hold the key
 from then on); with --kill-on-expiry it also stops the command: SIGTERM, then
-SIGKILL after --kill-grace. SIGHUP, SIGINT, SIGQUIT and SIGTERM sent to
-ticketctl are passed on to the command (its pid only: a command that starts
-others should pass them on, e.g. with exec in sh -c); ticketctl stays until
-the command ends and then releases the lock. Before the command started they
-end the wait for the lock (exit 128+N). If the lock cannot be had, the
-command does not run.
+SIGKILL after --kill-grace. SIGTERM sent to ticketctl is passed on to the
+command (its pid only: a command that starts others should pass it on, e.g.
+with exec in sh -c), and so are SIGHUP, SIGINT and SIGQUIT, except while
+ticketctl is in the foreground of a terminal: the command is in ticketctl's
+process group, so the terminal's Ctrl-C (SIGINT), Ctrl-\ (SIGQUIT) and
+hangup (SIGHUP) reach it directly, and passing them on would deliver them
+twice. (Then 'kill -INT' to ticketctl's pid alone does not reach the command;
+SIGTERM does.) ticketctl stays until the command ends and then releases the
+lock. Before the command started these signals end the wait for the lock
+(exit 128+N). If the lock cannot be had, the command does not run.
 `, addr)
 	lease := c.fs.Duration("lease", 30*time.Second, "how long the lock lasts unless released (1ms resolution)")
 	wait := c.fs.Duration("wait", 10*time.Second, "how long to queue for the key if it is held; 0 gives up at once")
@@ -52,6 +56,9 @@ command does not run.
 		return usageError(stderr, c.name, "no COMMAND given: ticketctl run KEY [FLAGS] -- COMMAND [ARGS...]")
 	}
 	key := pos[0]
+	if code, ok := c.checkLeaseWait(*lease, *wait, stderr); !ok {
+		return code
+	}
 
 	// From here on stopSignals are ours: while waiting for the lock they
 	// cancel the acquire, once the command runs they are passed on.
@@ -72,7 +79,7 @@ command does not run.
 	l, sig, err := acquireInterruptible(cl, sigc, *owner, key, *lease, *wait)
 	if sig != nil {
 		if err == nil {
-			releaseAfter(cl, l, false, stderr)
+			releaseAfter(cl, l, *c.addr, false, stderr)
 		}
 		fmt.Fprintf(stderr, "ticketctl: interrupted (%v) before the command started\n", sig)
 		return exitSignal + signum(sig)
@@ -89,8 +96,10 @@ command does not run.
 		"TICKETD_DEADLINE="+l.Deadline.UTC().Format(time.RFC3339Nano),
 		"TICKETD_ADDR="+*c.addr,
 	)
+	tty := openTTY()
+	defer tty.close()
 	if err := cmd.Start(); err != nil {
-		releaseAfter(cl, l, false, stderr)
+		releaseAfter(cl, l, *c.addr, false, stderr)
 		fmt.Fprintf(stderr, "ticketctl: cannot run %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			return exitNotFound
@@ -109,7 +118,9 @@ command does not run.
 		case <-waitc:
 			done = true
 		case s := <-sigc:
-			cmd.Process.Signal(s)
+			if passOn(s, tty) {
+				cmd.Process.Signal(s)
+			}
 		case <-expiry.C:
 			expired = true
 			fmt.Fprintf(stderr, "ticketctl: the lease on %s (token %d) ended while the command was still running; someone else may hold the key now (use a longer --lease)\n",
@@ -125,7 +136,7 @@ command does not run.
 			killc = nil
 		}
 	}
-	releaseAfter(cl, l, expired, stderr)
+	releaseAfter(cl, l, *c.addr, expired, stderr)
 	return exitStatus(cmd.ProcessState)
 }
 
@@ -133,21 +144,45 @@ command does not run.
 // acquire and is returned; if the grant won the race, the lock is returned
 // too, for the caller to give back.
 func acquireInterruptible(cl *client.Client, sigc <-chan os.Signal, owner, key string, lease, wait time.Duration) (client.Lock, os.Signal, error) {
-	tctx, cancel := context.WithTimeout(context.Background(), wait+10*time.Second)
+	limit := wait + 10*time.Second
+	if limit < wait {
+		limit = wait // overflowed: the server's --max-wait refuses such a wait anyway
+	}
+	tctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	ctx, stop := withSignals(tctx, sigc)
 	l, err := acquire(ctx, cl, owner, key, lease, wait)
 	return l, stop(), err
 }
 
-func releaseAfter(cl *client.Client, l client.Lock, expired bool, stderr io.Writer) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// passOn tells whether run passes signal s, sent to ticketctl, on to its
+// command. The command is in ticketctl's process group. The terminal sends
+// SIGINT (Ctrl-C), SIGQUIT (Ctrl-\) and, when it hangs up, SIGHUP to its
+// foreground process group, and a shell that hangs up passes SIGHUP on to
+// the process group of each of its jobs: while ticketctl's group is in the
+// foreground, the command got these already. So they are passed on only when
+// ticketctl has no terminal or is not in its foreground (a background job, a
+// service, cron): then a signal reached ticketctl alone, from kill. SIGTERM
+// comes from kill (or a supervisor) and is always passed on. The price: in
+// the foreground, 'kill -INT' to ticketctl's pid alone is not passed on.
+func passOn(s os.Signal, tty *ctty) bool {
+	return s == syscall.SIGTERM || !tty.foreground()
+}
+
+// releaseAfter gives l back after use (see release), and says on stderr if
+// that failed. expired: the lease ended during use, as the user was told.
+func releaseAfter(cl *client.Client, l client.Lock, addr string, expired bool, stderr io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout(addr))
 	defer cancel()
-	switch err := cl.Release(ctx, l); {
+	switch lost, err := release(ctx, cl, l); {
 	case err == nil:
 	case err == client.ErrNotHeld:
 		if !expired {
-			fmt.Fprintf(stderr, "ticketctl: %s was no longer held with token %d at release: its lease had ended\n", l.Key, l.Token)
+			why := "its lease had ended, or ticketd restarted after a crash"
+			if lost {
+				why = "an earlier try, whose answer was lost with its connection, may have released it; or " + why
+			}
+			fmt.Fprintf(stderr, "ticketctl: %s was no longer held with token %d at release: %s\n", l.Key, l.Token, why)
 		}
 	default:
 		fmt.Fprintf(stderr, "ticketctl: could not release %s (token %d): %v; it is freed when its lease ends, or with 'ticketctl release %s %d'\n",

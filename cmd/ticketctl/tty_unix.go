@@ -1,0 +1,43 @@
+//go:build unix
+
+package main
+
+import (
+	"errors"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// ctty is ticketctl's controlling terminal, open for asking which process
+// group is in its foreground; nil if it has none.
+type ctty struct{ fd int }
+
+func openTTY() *ctty {
+	fd, err := unix.Open("/dev/tty", unix.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil // no controlling terminal (ENXIO): a service, cron, setsid
+	}
+	return &ctty{fd}
+}
+
+func (t *ctty) close() {
+	if t != nil {
+		unix.Close(t.fd)
+	}
+}
+
+// foreground tells whether ticketctl's process group is the terminal's
+// foreground group, or the terminal hung up (EIO), whose SIGHUP went to that
+// group, as the shell's did to the group of each job.
+func (t *ctty) foreground() bool {
+	if t == nil {
+		return false
+	}
+	pgrp, err := unix.IoctlGetInt(t.fd, unix.TIOCGPGRP)
+	if err != nil {
+		return errors.Is(err, syscall.EIO)
+	}
+	own, err := unix.Getpgid(0)
+	return err == nil && pgrp == own
+}
