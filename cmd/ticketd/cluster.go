@@ -63,6 +63,9 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 		// Ignored, one would mislead: a test's clock offset that does
 		// not apply passes without testing anything.
 		for _, name := range c.names {
+			if name == "peers" {
+				continue // --peers "" asks for single mode
+			}
 			if c.given[name] || name == "node-id" && c.nodeID != 0 || name == "join" && c.join {
 				return bad(name, "cluster mode only, given without --peers")
 			}

@@ -79,6 +79,7 @@ func TestDurationFlags(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
+		{"--peers", ""}, // single mode, asked for by name
 		{"--max-lease", "720h"},
 		{"--max-lease", "1ms", "--max-wait", "1ms"},
 		{"--max-wait", "2562047h"},
