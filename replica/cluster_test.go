@@ -470,6 +470,20 @@ func TestClusterLaggingNodeCatchesUpFromSnapshot(t *testing.T) {
 	}
 }
 
+// replaceThird replaces node 3, which is down, by node 4 at a new address,
+// through node 1; node 4 gets node 3's slot with an empty data dir, not
+// started yet.
+func (c *testCluster) replaceThird(ctx context.Context) {
+	c.t.Helper()
+	addr4 := freePort(c.t)
+	if err := c.nodes[0].Replace(ctx, 3, 4, addr4); err != nil {
+		c.t.Fatal(err)
+	}
+	delete(c.peers, 3)
+	c.peers[4] = addr4
+	c.dirs[2] = c.t.TempDir()
+}
+
 func TestClusterReplacesALostNode(t *testing.T) {
 	c := newTestCluster(t, 3) // shard 2 prefers the third node: 3, then 4
 	a := c.dial(0)
@@ -478,14 +492,7 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	c.stop(2) // node 3's disk is lost
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	addr4 := freePort(t)
-	if err := c.nodes[0].Replace(ctx, 3, 4, addr4); err != nil {
-		t.Fatal(err)
-	}
-	// Node 4 joins with an empty data dir in node 3's slot.
-	delete(c.peers, 3)
-	c.peers[4] = addr4
-	c.dirs[2] = t.TempDir()
+	c.replaceThird(ctx)
 	c.startAs(2, 4, true)
 	c.waitReady()
 	// The nodes that kept running spread leadership over the new members
@@ -530,13 +537,7 @@ func TestClusterJoinOutlivesAStartThatStopped(t *testing.T) {
 	c.stop(2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	addr4 := freePort(t)
-	if err := c.nodes[0].Replace(ctx, 3, 4, addr4); err != nil {
-		t.Fatal(err)
-	}
-	delete(c.peers, 3)
-	c.peers[4] = addr4
-	c.dirs[2] = t.TempDir()
+	c.replaceThird(ctx)
 	opt := c.opt
 	opt.NodeID, opt.Peers, opt.DataDir, opt.Join = 4, c.peers, c.dirs[2], true
 	opt.Logger = zaptest.NewLogger(t)
