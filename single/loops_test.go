@@ -179,6 +179,21 @@ func TestGrantWhoseWriteFailsIsReleased(t *testing.T) {
 	c2.granted("p", "k")
 }
 
+// slowTenMinuteCeiling makes the first synced write of a lease ceiling 10
+// minutes past the start take 5 s of the rig's time; the flag it returns
+// stays true until that write has happened.
+func (g *rig) slowTenMinuteCeiling() *atomic.Bool {
+	var slow atomic.Bool
+	slow.Store(true)
+	g.store.setSaveErr(func(s state) error {
+		if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(true, false) {
+			g.clock.jump(5 * time.Second)
+		}
+		return nil
+	})
+	return &slow
+}
+
 // A hand-over whose answer leaves late (here its lease ceiling's synced
 // write takes 5 s) keeps its whole lease from the answer, which is where
 // its holder counts it from: the next waiter is granted only after that.
@@ -190,14 +205,7 @@ func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
 			tok := h.acquire("h", "k", 1000)
 			w.send("A w k 600000 60000")
 			time.Sleep(50 * time.Millisecond) // queued
-			var slow atomic.Bool
-			slow.Store(true)
-			g.store.setSaveErr(func(s state) error {
-				if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(true, false) {
-					g.clock.jump(5 * time.Second)
-				}
-				return nil
-			})
+			slow := g.slowTenMinuteCeiling()
 			h.send(fmt.Sprintf("R %d k", tok))
 			h.expect(fmt.Sprintf("R %d k", tok))
 			w.granted("w", "k")
@@ -244,14 +252,7 @@ func TestHandOverHeldBackByALaterFrameKeepsItsLease(t *testing.T) {
 			tok := c.acquire("h", "k", 1000)
 			w.send("A w k 2000 60000")
 			time.Sleep(50 * time.Millisecond) // queued
-			var slow atomic.Bool
-			slow.Store(true)
-			g.store.setSaveErr(func(s state) error {
-				if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(true, false) {
-					g.clock.jump(5 * time.Second)
-				}
-				return nil
-			})
+			slow := g.slowTenMinuteCeiling()
 			c.send(fmt.Sprintf("R %d k", tok), "A y big 600000 0")
 			if tc.same {
 				c.expect(fmt.Sprintf("R %d k", tok))
