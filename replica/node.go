@@ -1299,18 +1299,39 @@ func (n *Node) balanceLoop() {
 			return
 		}
 		start := time.Now()
-		to := func(g *group) uint32 {
-			if want := n.preferred(g); n.reachable(want) {
-				return want
-			}
-			return 0
-		}
-		until := start.Add(n.transferTime())
-		n.quiesce(n.stop, due, until)
-		moved, left := n.transfer(n.stop, due, to, until)
+		moved, left, behind := n.handBack(due)
 		n.log.Info("handed shard leadership to the preferred nodes",
-			zap.Int("shards", moved), zap.Int("left", left), zap.Duration("took", time.Since(start)))
+			zap.Int("shards", moved), zap.Int("left", left), zap.Int("target_catching_up", behind),
+			zap.Duration("took", time.Since(start)))
 	})
+}
+
+// handBack hands each of gs to its preferred node, but only where that node
+// has shown it applied the shard's log up to the hand-over notice (its
+// drained notice): a node that has just joined or come back may still be
+// applying what it missed, Dragonboat's target then skips its campaign,
+// and a transfer asked of it drops the shard's proposals for an election
+// timeout, twice (see transfer). Those shards stay here, at the price of
+// the quiesce's short hold, and are tried again at the next round (behind).
+func (n *Node) handBack(gs []*group) (moved, left, behind int) {
+	to := func(g *group) uint32 {
+		if want := n.preferred(g); n.reachable(want) {
+			return want
+		}
+		return 0
+	}
+	until := time.Now().Add(n.transferTime())
+	drained := n.quiesce(n.stop, gs, until)
+	ready := make([]*group, 0, len(gs))
+	for i, g := range gs {
+		if t := to(g); t != 0 && !slices.Contains(drained[i], t) {
+			behind++
+			continue
+		}
+		ready = append(ready, g)
+	}
+	moved, left = n.transfer(n.stop, ready, to, until)
+	return moved, left, behind
 }
 
 // memberSet is the cluster's nodes: ids ascending, and their raft addresses.
@@ -2010,9 +2031,11 @@ func (n *Node) transfer(stop <-chan struct{}, gs []*group, to func(*group) uint3
 // quiet and the target has applied all of it: the transfer asked next goes
 // through at once. A shard not quiet within quiesceTime (a node that does
 // not answer, say of an older version, or one still catching up) is handed
-// over as before.
-func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
+// over as before. It returns, for each of gs, the nodes whose drained
+// notice was applied here.
+func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) (drained [][]uint32) {
 	self := uint64(n.opt.NodeID)
+	drained = make([][]uint32, len(gs))
 	until = minTime(until, time.Now().Add(n.quiesceTime()))
 	var others []uint32
 	ids := n.members.Load().ids
@@ -2022,15 +2045,15 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 		}
 	}
 	var wg sync.WaitGroup
-	for _, g := range gs {
+	for i, g := range gs {
 		if g.leader.Load() != self {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			drained := make(chan uint32, 2*len(ids))
-			g.drained.Store(&drained)
+			ch := make(chan uint32, 2*len(ids))
+			g.drained.Store(&ch)
 			defer g.drained.Store(nil)
 			if !g.notify(noticeHandOver, stop, until) {
 				return
@@ -2039,7 +2062,10 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 			defer timeout.Stop()
 			for left := slices.Clone(others); len(left) > 0; {
 				select {
-				case id := <-drained:
+				case id := <-ch:
+					if slices.Contains(left, id) {
+						drained[i] = append(drained[i], id)
+					}
 					left = slices.DeleteFunc(left, func(x uint32) bool { return x == id })
 				case <-timeout.C:
 					return
@@ -2051,6 +2077,7 @@ func (n *Node) quiesce(stop <-chan struct{}, gs []*group, until time.Time) {
 		}()
 	}
 	wg.Wait()
+	return drained
 }
 
 // quiesceTime bounds quiesce: eight ticks, or half an election timeout if

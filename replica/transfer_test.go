@@ -221,3 +221,94 @@ func TestHandOverNoticeHoldsProposals(t *testing.T) {
 		t.Errorf("the hold ended after %v, before holdTime (%v)", d, n.holdTime())
 	}
 }
+
+// A node still applying what it missed (here its apply of the shard
+// stalls) is not handed the shard's leadership: its raft would skip the
+// campaign, and the transfer drop the shard's proposals for an election
+// timeout, twice. The shard stays with its leader, whose requests go on
+// without a retry, and goes to the node once it has caught up.
+func TestHandBackWaitsForTheTargetToCatchUp(t *testing.T) {
+	c := newTestCluster(t, 3)
+	deadline := time.Now().Add(15 * time.Second)
+	for !slices.Equal(c.leads(), []int{0, 1, 2}) { // shard i on node i+1
+		if time.Now().After(deadline) {
+			t.Fatalf("leadership not spread: %v", c.leads())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n1, n3 := c.nodes[0], c.nodes[2]
+	if moved, _ := n3.transfer(n3.stop, []*group{n3.grps[2]}, func(*group) uint32 { return 1 }, time.Now().Add(n3.transferTime())); moved != 1 {
+		t.Fatal("shard 2 not moved to node 1")
+	}
+	g := n1.grps[2]
+	for g.leader.Load() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	var keys []string
+	for i := 0; len(keys) < 6; i++ {
+		if k := fmt.Sprintf("k%d", i); n1.shardOf([]byte(k)) == 2 {
+			keys = append(keys, k)
+		}
+	}
+	a := c.dial(0)
+	grant := func() {
+		t.Helper()
+		_ = a.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := a.r.ReadString('\n')
+		if f := strings.Fields(got); err != nil || len(f) != 4 || f[0] != "A" {
+			t.Fatalf("got %q (%v), want a grant", got, err)
+		}
+	}
+	a.send("A w " + keys[0] + " 60000 0")
+	grant()
+
+	f := n3.grps[2].fsm.Load()
+	f.mu.Lock() // node 3 falls behind on shard 2 from here
+	stalled := true
+	defer func() {
+		if stalled {
+			f.mu.Unlock()
+		}
+	}()
+	a.send("A w " + keys[1] + " 60000 0") // committed, and not applied on node 3
+	grant()
+	before := n1.Counters()
+	type result struct{ moved, left, behind int }
+	done := make(chan result, 1)
+	go func() {
+		m, l, b := n1.handBack([]*group{g})
+		done <- result{m, l, b}
+	}()
+	for _, k := range keys[2:4] {
+		a.send("A w " + k + " 60000 0")
+		time.Sleep(n1.opt.RTT)
+	}
+	if r := <-done; r != (result{0, 0, 1}) {
+		t.Errorf("hand-back to a node behind: %+v, want 0 moved, 0 left, 1 behind", r)
+	}
+	for range keys[2:4] {
+		grant()
+	}
+	if r := n1.Counters().Retries - before.Retries; r != 0 {
+		t.Errorf("%d proposals retried: a transfer was asked of a node behind and dropped them", r)
+	}
+	if l := g.leader.Load(); l != 1 {
+		t.Fatalf("shard 2 led by %d, want 1", l)
+	}
+
+	f.mu.Unlock()
+	stalled = false
+	for try := 0; ; try++ {
+		r := result{}
+		r.moved, r.left, r.behind = n1.handBack([]*group{g})
+		if r.moved == 1 {
+			break
+		}
+		if try == 20 {
+			t.Fatalf("not handed back once caught up: %+v", r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.send("A w " + keys[4] + " 60000 0")
+	grant()
+}
