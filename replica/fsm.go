@@ -284,6 +284,7 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 				// the skew: the first node to announce one with the same
 				// shards and limits fixes it, so later nodes are held to it.
 				f.set.skew = s.skew
+				f.followSkew()
 			}
 			return resultApplied, nil
 		}
@@ -343,6 +344,18 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 func (f *fsm) adopt(s settings, by uint32) {
 	f.set, f.setBy = &s, by
 	f.t.SetLimits(perShard(s.MaxKeys, s.shards), s.MaxWaitersPerKey, perShard(s.MaxWaiters, s.shards))
+	f.followSkew()
+}
+
+// followSkew makes the shard's skew, once one is announced, the one this
+// replica ends leases and judges late grants by: every node is held to it.
+// A node started with another stops once its notice is compared, but may
+// lead the shard until then, and a lease it ended by a smaller skew than
+// the one other nodes answered by would be held twice. Under f.mu.
+func (f *fsm) followSkew() {
+	if f.set != nil && f.set.skew != 0 {
+		f.skew = f.set.skew
+	}
 }
 
 // settings returns the shard's settings and the node that sent them; false

@@ -1166,7 +1166,6 @@ func (n *Node) every(d time.Duration, fn func()) {
 func (n *Node) timerLoop() {
 	defer n.wg.Done()
 	var expires, waits []shard.Command
-	skew := int64(n.opt.MaxClockSkew)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var ranAt time.Time
@@ -1182,7 +1181,7 @@ func (n *Node) timerLoop() {
 			}
 		}
 		ranAt = time.Now()
-		next := n.runTimers(skew, &expires, &waits)
+		next := n.runTimers(&expires, &waits)
 		d := n.opt.timerIdle
 		if next < math.MaxInt64 {
 			d = min(n.opt.timerIdle, max(timerMin, time.Duration(next-n.now())))
@@ -1208,18 +1207,23 @@ func (n *Node) kickTimers() {
 
 // runTimers proposes the commands due on the shards this node leads (but
 // for those with a timer proposal in flight, whose end kicks the loop) and
-// returns the time the next one comes due, math.MaxInt64 if none.
-func (n *Node) runTimers(skew int64, expires, waits *[]shard.Command) int64 {
+// returns the time the next one comes due, math.MaxInt64 if none. Leases
+// end by the shard's skew (fsm.followSkew), and only on a node whose
+// settings the shard has agreed with: one that may have been started with
+// another skew, or has found it was, proposes no timer (the shard's timers
+// wait for a leader that has agreed; ending a lease late is safe).
+func (n *Node) runTimers(expires, waits *[]shard.Command) int64 {
 	next := int64(math.MaxInt64)
 	for _, g := range n.grps {
 		f := g.fsm.Load()
-		if f == nil || g.leader.Load() != uint64(n.opt.NodeID) || g.timerRun.Load() {
+		if f == nil || g.leader.Load() != uint64(n.opt.NodeID) || g.timerRun.Load() || !g.agreed.Load() || n.Err() != nil {
 			continue
 		}
 		now := n.now()
 		var b []byte
 		count := uint64(0)
 		f.mu.Lock()
+		skew := f.skew
 		held := int64(math.MaxInt64) // the first cover to pass, of leases held back by theirs
 		if first, ok := f.t.NextDeadline(); ok && first <= now {
 			// waits is scratch here: the timers due by the skew, of which

@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	sm "github.com/lni/dragonboat/v4/statemachine"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ticketd/ticketd/netloop"
+	"github.com/ticketd/ticketd/shard"
 )
 
 // A node started with other settings than the cluster's stops, whether they
@@ -453,5 +455,68 @@ func TestClusterNoticeGivenUpWithAStableLeaderIsTriedAgain(t *testing.T) {
 	}
 	if !n.Ready() {
 		t.Fatalf("not ready 10 s after its apply resumed, with the leader known throughout: %+v", n.Status(false))
+	}
+}
+
+// A leader ends leases by the shard's skew, not by its own flag, and only
+// once the shard has agreed with its settings: a node restarted with a
+// smaller --max-clock-skew may win a shard's leadership before its notice
+// is compared, and a lease it ended by its own skew, before the end the
+// other nodes answered their holders by, would be held twice.
+func TestLeaderEndsLeasesByTheShardsSkewOnceAgreed(t *testing.T) {
+	var local int64
+	n := &Node{
+		opt:       Options{NodeID: 1, MaxClockSkew: 50 * time.Millisecond, Clock: func() int64 { return local }},
+		stop:      make(chan struct{}),
+		timerKick: make(chan struct{}, 1),
+		failed:    make(chan struct{}),
+	}
+	g := &group{n: n, idx: 0, id: 1, kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1,
+		open: make(map[uint64]struct{})}
+	n.grps = []*group{g}
+	f := newFSM(0, 1, shard.Config{}, nil)
+	f.skew, f.timersMoved, f.inc, f.clock = int64(n.opt.MaxClockSkew), n.kickTimers, 2, n.now
+	g.fsm.Store(f)
+	// The timer proposals wait on a hold (there is no NodeHost) until the
+	// node stops; the count of expiries proposed is what is looked at.
+	g.hold.Store(&holdOn{from: 9, done: make(chan struct{})})
+	defer close(n.stop)
+
+	// The shard's log: node 2's settings, skew 500 ms, and a grant stamped
+	// 1 s with a lease of 1 s: no leader may end it before 2.5 s.
+	notice := appendSettings(appendHeader(nil, header{node: 2, inc: 1, floor: noticeSettings, stamp: 1e9}), settings{shards: 1, skew: 500e6})
+	grant := batch{h: header{node: 2, inc: 1, batch: 1, stamp: 1e9}, cmds: []shard.Command{acquire(requesterConn(1, 1), 1, "o", "k", 1000, 0)}}
+	local = 1e9
+	if _, err := f.Update([]sm.Entry{{Index: 1, Cmd: notice}, {Index: 2, Cmd: grant.bytes()}}); err != nil {
+		t.Fatal(err)
+	}
+	if f.skew != 500e6 {
+		t.Errorf("the replica allows for a skew of %v, want the shard's 500ms", time.Duration(f.skew))
+	}
+	run := func(at int64) int64 {
+		local = at
+		before := n.stats.expiries.Load()
+		n.runTimers(new([]shard.Command), new([]shard.Command))
+		g.timerRun.Store(false)
+		return n.stats.expiries.Load() - before
+	}
+	g.leader.Store(1)
+	if e := run(2.6e9); e != 0 {
+		t.Errorf("before the shard agreed with this node's settings, %d expiries proposed", e)
+	}
+	g.agreed.Store(true)
+	if e := run(2.1e9); e != 0 {
+		t.Errorf("at 2.1 s (deadline 2 s, shard skew 500 ms), %d expiries proposed", e)
+	}
+	if e := run(2.6e9); e != 1 {
+		t.Errorf("at 2.6 s, %d expiries proposed, want 1", e)
+	}
+	f.mu.Lock()
+	f.due = 0 // the lease is still held: its Expire never committed
+	f.mu.Unlock()
+	n.failErr = errStopping
+	close(n.failed)
+	if e := run(3e9); e != 0 {
+		t.Errorf("once the node found it must stop, %d expiries proposed", e)
 	}
 }
