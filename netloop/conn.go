@@ -41,11 +41,64 @@ type Conn struct {
 	keys   []byte
 	closed bool
 	failed bool // Fail posted its line: nothing is posted after it
+
+	late *lateSet // loop only: grants to renew before the next write (LateRenewer)
 }
 
 type grant struct {
-	token uint64
-	key   int // end of the key in keys; it starts where the previous ends
+	token           uint64
+	key             int // end of the key in keys; it starts where the previous ends
+	since, deadline int64
+}
+
+// lateSet holds a connection's grants whose leases the Backend renews right
+// before they are written; pooled, as few connections have any at a time.
+type lateSet struct {
+	gs   []Grant
+	ends []int // of each key in keys
+	keys []byte
+}
+
+// HandOver tells that the answers Handle returns hold a grant whose lease
+// counts from since: it is passed to the Backend's RenewLate right before
+// they are written. Loop only, from Handle.
+func (c *Conn) HandOver(token uint64, key []byte, since, deadline int64) {
+	if c.s.renewer == nil {
+		return
+	}
+	if c.late == nil {
+		c.late = c.s.latePool.Get().(*lateSet)
+	}
+	l := c.late
+	l.keys = append(l.keys, key...)
+	l.ends = append(l.ends, len(l.keys))
+	l.gs = append(l.gs, Grant{Token: token, Since: since, Deadline: deadline})
+}
+
+// renewLate passes the grants about to be written to the Backend, and tells
+// whether they may be written.
+func (c *Conn) renewLate() bool {
+	l := c.late
+	from := 0
+	for i := range l.gs {
+		l.gs[i].Key = l.keys[from:l.ends[i]:l.ends[i]]
+		from = l.ends[i]
+	}
+	ok := c.s.renewer.RenewLate(c, l.gs)
+	c.dropLate()
+	return ok
+}
+
+// dropLate forgets the grants to renew: written, or the connection gone.
+func (c *Conn) dropLate() {
+	if l := c.late; l != nil {
+		c.late = nil
+		if cap(l.keys) > 64<<10 {
+			return // one burst must not pin large buffers
+		}
+		l.gs, l.ends, l.keys = l.gs[:0], l.ends[:0], l.keys[:0]
+		c.s.latePool.Put(l)
+	}
 }
 
 // Marks is a word the Backend may keep on the connection (cluster mode: the
@@ -99,7 +152,7 @@ func (c *Conn) post(b []byte, n int, grants []Grant, last bool) bool {
 	c.mailN += n
 	for _, g := range grants {
 		c.keys = append(c.keys, g.Key...)
-		c.grants = append(c.grants, grant{g.Token, len(c.keys)})
+		c.grants = append(c.grants, grant{g.Token, len(c.keys), g.Since, g.Deadline})
 	}
 	c.mu.Unlock()
 	if wake {
@@ -116,6 +169,13 @@ func (c *Conn) takeMail(out []byte) (_ []byte, last bool) {
 	last = c.failed
 	if len(c.mail) > 0 {
 		out = append(out, c.mail...)
+		from := 0
+		for _, g := range c.grants {
+			if g.since != 0 {
+				c.HandOver(g.token, c.keys[from:g.key], g.since, g.deadline)
+			}
+			from = g.key
+		}
 		c.inflight -= c.mailN
 		c.s.late.Add(int64(c.mailN))
 		if cap(c.mail) > 64<<10 { // one burst must not pin large buffers
@@ -167,6 +227,7 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	grants, keys := c.grants, c.keys
 	c.mail, c.grants, c.keys = nil, nil, nil
 	c.mu.Unlock()
+	c.dropLate()
 	s.reg.del(c.id)
 	s.parked.del(c)
 	s.conns.Add(-1)
@@ -224,6 +285,10 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		_, _ = gc.Discard(consumed)
 	}
 	buf = nil
+	if c.late != nil && !c.renewLate() {
+		h.unwritten(out)
+		return gnet.Close
+	}
 	if len(out) > 0 {
 		if _, err := gc.Write(out); err != nil {
 			h.unwritten(out)

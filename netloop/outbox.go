@@ -32,11 +32,14 @@ type grantAt struct {
 	off, end int // in keys
 }
 
-// Grant is a granted lock: what an orphaned grant's release needs. Key is
-// valid only during the orphan callback.
+// Grant is a granted lock: what an orphaned grant's release needs and, for
+// a Backend that renews late hand-overs (LateRenewer), the clock reading
+// its lease counts from (Since; 0: not renewed) and its deadline, both the
+// Backend's. Key is valid only during the callback that is given it.
 type Grant struct {
-	Token uint64
-	Key   []byte
+	Token           uint64
+	Key             []byte
+	Since, Deadline int64
 }
 
 // Add encodes a for connection conn.
@@ -79,7 +82,7 @@ func (o *Outbox) Flush(mb Mailboxes, orphan func(Grant)) {
 		}
 		o.gs = o.gs[:0]
 		for _, g := range co.grants {
-			o.gs = append(o.gs, Grant{g.token, co.keys[g.off:g.end:g.end]})
+			o.gs = append(o.gs, Grant{Token: g.token, Key: co.keys[g.off:g.end:g.end]})
 		}
 		if c == nil || !c.PostGrants(co.b, co.n, o.gs) {
 			for _, g := range o.gs {

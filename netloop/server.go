@@ -38,6 +38,19 @@ type Backend interface {
 	Queued(c *Conn) int
 }
 
+// LateRenewer is a Backend whose hand-overs' leases count from when they
+// were decided, while their holders count from the answer's arrival: an
+// answer that leaves later than that, behind other connections' work or a
+// synced write on the loop, would leave its holder believing in its lease
+// past the time the Backend gives the key to the next. RenewLate is called
+// on c's loop right before answers holding gs are written to c, and moves
+// their leases on by the time that passed; false means they must not be
+// written (the Backend has failed), and c is closed instead, its grants
+// given back through Orphaned. gs die when it returns.
+type LateRenewer interface {
+	RenewLate(c *Conn, gs []Grant) bool
+}
+
 // Observer takes one observation, in seconds; prometheus.Histogram is one.
 type Observer interface{ Observe(float64) }
 
@@ -164,8 +177,10 @@ type Server struct {
 	timeouts bool      // IdleTimeout or FrameTimeout is set
 	epoch    time.Time // origin of the timeout stamps; see timeout.go
 
-	outPool sync.Pool // *[]byte answer buffers for one OnTraffic
-	reqPool sync.Pool // *[]codec.Request
+	outPool  sync.Pool   // *[]byte answer buffers for one OnTraffic
+	latePool sync.Pool   // *lateSet
+	renewer  LateRenewer // the Backend, if it is one
+	reqPool  sync.Pool   // *[]codec.Request
 
 	parked   parkedSet
 	stopOnce sync.Once
@@ -185,6 +200,8 @@ func New(cfg Config) (*Server, error) {
 	s.parked.init()
 	s.outPool.New = func() any { b := make([]byte, 0, 16<<10); return &b }
 	s.reqPool.New = func() any { r := make([]codec.Request, 0, maxBatch); return &r }
+	s.latePool.New = func() any { return new(lateSet) }
+	s.renewer, _ = cfg.Backend.(LateRenewer)
 	opts := []gnet.Option{
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(cfg.Logger.Sugar()),

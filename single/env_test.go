@@ -253,15 +253,14 @@ func startRig(t *testing.T, dir string, o rigOpts) *rig {
 			return g.store
 		},
 		granting: g.check,
-		deliver: func(a *shard.Answer, b []byte) bool {
+		deliver: func(a *shard.Answer, since int64, b []byte) bool {
 			g.mu.Lock()
 			h := g.deliver
 			g.mu.Unlock()
 			if h != nil && !h(a, b) {
 				return false
 			}
-			c := g.srv.Conn(a.To.Conn)
-			return c != nil && c.Post(b, 1)
+			return postAnswer(g.srv.Conn(a.To.Conn), a, since, b)
 		},
 		scanned: func(earliest int64) {
 			g.mu.Lock()

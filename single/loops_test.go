@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -276,6 +277,117 @@ func TestHandOverHeldBackByALaterFrameKeepsItsLease(t *testing.T) {
 			g.clock.Advance(2 * time.Millisecond)
 			x.granted("x", "k")
 		})
+	}
+}
+
+// A hand-over posted to another connection on the same loop leaves when
+// the loop has done every connection of the same poll: here one of them,
+// read in the same poll as the release, pays a synced write of 5 s. The
+// hand-over keeps its whole lease from its answer all the same.
+func TestHandOverBehindAnotherConnsSyncedWriteKeepsItsLease(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{loops: 1, shards: 1})
+	h, w, a, z, x := g.dial(), g.dial(), g.dial(), g.dial(), g.dial()
+	tok := h.acquire("h", "k", 1000)
+	w.send("A w k 2000 60000")
+	time.Sleep(50 * time.Millisecond) // queued
+	var busy, slow atomic.Bool
+	g.store.setSaveErr(func(s state) error {
+		switch {
+		case s.LeaseCeil >= testStart+int64(1200*time.Second) && slow.CompareAndSwap(false, true):
+			g.clock.jump(5 * time.Second) // z's synced write, after h's release in the same poll
+		case s.LeaseCeil >= testStart+int64(600*time.Second) && busy.CompareAndSwap(false, true):
+			time.Sleep(300 * time.Millisecond) // the loop is busy while h's and z's frames arrive
+		}
+		return nil
+	})
+	a.send("A a big1 600000 0")
+	time.Sleep(50 * time.Millisecond)
+	h.send(fmt.Sprintf("R %d k", tok))
+	time.Sleep(10 * time.Millisecond)
+	z.send("A z big2 1200000 0")
+	a.granted("a", "big1")
+	h.expect(fmt.Sprintf("R %d k", tok))
+	w.granted("w", "k")
+	answered := g.clock.now() // w counts its 2 s lease from here
+	z.granted("z", "big2")
+	if !slow.Load() {
+		t.Fatal("z's synced write did not happen: the test did not test that")
+	}
+	x.send("A x k 1000 7200000")
+	time.Sleep(50 * time.Millisecond) // queued
+	g.clock.Advance(2*time.Second - time.Millisecond)
+	_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if line, err := x.r.ReadString('\n'); err == nil {
+		t.Fatalf("%q %v after w's answer, while w (lease 2 s from its answer) still held k", line, time.Duration(g.clock.now()-answered))
+	}
+	g.clock.Advance(2 * time.Millisecond)
+	x.granted("x", "k")
+}
+
+// A hand-over that the timer loop decides (a lease ends) while the event
+// loop is in a synced write for another shard waits in the connection's
+// mailbox until that write is done: it keeps its whole lease from its
+// answer too.
+func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{loops: 1, shards: 2})
+	var k, big string // k's shard comes first in the timer loop's round
+	for i := 0; k == "" || big == ""; i++ {
+		s := fmt.Sprintf("k%d", i)
+		if shard.Index([]byte(s), 2) == 0 && k == "" {
+			k = s
+		} else if shard.Index([]byte(s), 2) == 1 && big == "" {
+			big = s
+		}
+	}
+	h, w, a, x := g.dial(), g.dial(), g.dial(), g.dial()
+	h.acquire("h", k, 1000)
+	w.send("A w " + k + " 1000 60000") // a lease the ceiling covers already: the timer loop writes nothing
+	time.Sleep(50 * time.Millisecond)   // queued
+	posted := make(chan struct{})
+	var once sync.Once
+	g.setDeliver(func(an *shard.Answer, _ []byte) bool {
+		if an.Result == shard.Acquired && string(an.Owner) == "w" {
+			once.Do(func() { close(posted) })
+		}
+		return true
+	})
+	var slow atomic.Bool
+	g.store.setSaveErr(func(s state) error {
+		if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(false, true) {
+			// h's lease ends and the timer loop looks (Advance would wait for
+			// the ceiling loop, which waits for this write).
+			g.clock.jump(time.Second)
+			select {
+			case g.r.wake <- struct{}{}:
+			default:
+			}
+			select {
+			case <-posted:
+			case <-time.After(5 * time.Second):
+				t.Error("the timer loop did not hand k over during the synced write")
+			}
+			g.clock.jump(5 * time.Second) // and the write takes 5 s
+		}
+		return nil
+	})
+	a.send("A a " + big + " 600000 0")
+	a.granted("a", big)
+	w.granted("w", k)
+	answered := g.clock.now() // w counts its 1 s lease from here
+	if !slow.Load() {
+		t.Fatal("no synced write: the test did not test that")
+	}
+	x.send("A x " + k + " 1000 7200000")
+	time.Sleep(50 * time.Millisecond) // queued
+	g.clock.Advance(time.Second - time.Millisecond)
+	_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if line, err := x.r.ReadString('\n'); err == nil {
+		t.Fatalf("%q %v after w's answer, while w (lease 1 s from its answer) still held k", line, time.Duration(g.clock.now()-answered))
+	}
+	g.clock.Advance(2 * time.Millisecond)
+	x.granted("x", k)
+	if g.r.LateRenewals() == 0 {
+		t.Error("no late renewal counted")
 	}
 }
 

@@ -73,18 +73,6 @@ type part struct {
 	post    []byte
 	orphans []orphan
 	next    atomic.Int64 // earliest timer of t, for the timer goroutine
-	// handed: the hand-overs a Handle call routed, whose answers leave
-	// only once the call returns (see renewHanded).
-	handed  []handed
-	keys    []byte       // their keys
-	nHanded atomic.Int32 // len(handed), read without p.mu
-}
-
-type handed struct {
-	key             [2]int // in part.keys
-	self            uint64 // the connection whose Handle call routed it
-	token           uint64
-	since, deadline int64
 }
 
 type orphan struct {
@@ -97,9 +85,10 @@ type env struct {
 	clock      clock
 	wrapStore  func(durable) durable
 	tokenBlock uint64
-	// deliver posts b, the encoding of a, to a's connection; false if that
-	// connection is gone. nil: through the netloop server.
-	deliver func(a *shard.Answer, b []byte) bool
+	// deliver posts b, the encoding of a, to a's connection, a hand-over's
+	// lease counted from since (see RenewLate); false if that connection is
+	// gone. nil: through the netloop server.
+	deliver func(a *shard.Answer, since int64, b []byte) bool
 	// granting sees every grant right before its answer leaves the process.
 	granting func(a *shard.Answer)
 	// scanned runs in the timer loop between reading the shards' next
@@ -127,7 +116,8 @@ type Runner struct {
 	// background had not kept ahead (a lease longer than any before, a
 	// burst of grants).
 	syncReserves atomic.Int64
-	renewals     atomic.Int64 // hand-overs whose lease moved on before their answer left (renewLate)
+	renewals     atomic.Int64 // rounds that moved hand-overs' leases on before their answer left (renewLate, RenewLate)
+	lostLate     atomic.Int64 // hand-overs whose answer left after their whole lease (RenewLate)
 
 	failOnce sync.Once
 	failErr  error
@@ -275,6 +265,9 @@ func (r *Runner) load(ld loaded, now int64) error {
 			if err != nil {
 				return err
 			}
+			// Budgets of their own: the shards restore loaded before the
+			// one that failed took their keys from the first ones.
+			keys, waiters = shard.NewBudget(r.opt.MaxKeys), shard.NewBudget(r.opt.MaxWaiters)
 			for i := range r.parts {
 				r.parts[i] = &part{t: r.newTable(keys, waiters)}
 			}
@@ -411,8 +404,13 @@ func (r *Runner) Err() error {
 // SyncReserves is how many ceilings were written on the request path.
 func (r *Runner) SyncReserves() int64 { return r.syncReserves.Load() }
 
-// LateRenewals counts the rounds of renewLate that moved hand-overs' leases.
+// LateRenewals counts the rounds of renewLate and RenewLate that moved
+// hand-overs' leases.
 func (r *Runner) LateRenewals() int64 { return r.renewals.Load() }
+
+// LostLateGrants counts hand-overs whose answer left after their whole
+// lease (RenewLate).
+func (r *Runner) LostLateGrants() int64 { return r.lostLate.Load() }
 
 // Attach connects the runner to the network side it answers through and
 // starts the timers.
@@ -445,22 +443,22 @@ func (r *Runner) part(key []byte) *part {
 // once back in request order.
 func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	now := r.clock.now()
-	self := c.ID()
 	seq := c.NextSeq()
 	for range len(reqs) - 1 {
 		c.NextSeq() // sequences follow the frames' order, whatever the shard
 	}
 	if r.inOrder {
-		return r.handleInOrder(reqs, out, now, self, seq)
+		return r.handleInOrder(c, reqs, out, now, seq)
 	}
-	return r.handleGrouped(reqs, out, now, self, seq)
+	return r.handleGrouped(c, reqs, out, now, seq)
 }
 
 // handleInOrder applies reqs in order under the locks of all their shards.
 // With no other loop to use the shards meanwhile, holding them all for the
 // batch costs less than grouping the frames by shard and putting the
 // answers back in order did (7% of the server's CPU at pipeline depth 64).
-func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self, seq uint64) ([]byte, int, bool) {
+func (r *Runner) handleInOrder(c *netloop.Conn, reqs []codec.Request, out []byte, now int64, seq uint64) ([]byte, int, bool) {
+	self := c.ID()
 	var sh [netloop.MaxBatch]uint16
 	var touched [maxShards / 64]uint64
 	words := (len(r.parts) + 63) / 64
@@ -472,7 +470,7 @@ func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self
 	for p := range r.touchedParts(touched[:words]) {
 		p.mu.Lock()
 	}
-	defer r.unlockTouched(touched[:words], self)
+	defer r.unlockTouched(touched[:words])
 	if r.closing.Load() {
 		return out, 0, true
 	}
@@ -483,7 +481,7 @@ func (r *Runner) handleInOrder(reqs []codec.Request, out []byte, now int64, self
 		command(&cmd, &reqs[j], self, seq+uint64(j))
 		p.out = p.t.Apply(now, &cmd, p.out[:0])
 		var a int
-		out, a = r.route(p, now, self, out)
+		out, a = r.route(p, now, c, out)
 		answered += a
 		if r.isFailed.Load() {
 			return out, answered, true
@@ -512,11 +510,8 @@ func (r *Runner) touchedParts(words []uint64) iter.Seq[*part] {
 }
 
 // unlockTouched publishes each shard's next timer and unlocks it.
-func (r *Runner) unlockTouched(words []uint64, self uint64) {
+func (r *Runner) unlockTouched(words []uint64) {
 	for p := range r.touchedParts(words) {
-		if len(p.handed) > 0 {
-			r.renewHanded(p, self)
-		}
 		r.publishNext(p)
 		p.mu.Unlock()
 	}
@@ -537,7 +532,8 @@ func command(cmd *shard.Command, q *codec.Request, self, seq uint64) {
 
 // handleGrouped applies reqs shard by shard, each shard's lock taken once,
 // then puts the answers decided at once back in request order.
-func (r *Runner) handleGrouped(reqs []codec.Request, out []byte, now int64, self, seq uint64) ([]byte, int, bool) {
+func (r *Runner) handleGrouped(c *netloop.Conn, reqs []codec.Request, out []byte, now int64, seq uint64) ([]byte, int, bool) {
+	self := c.ID()
 	var g netloop.ShardGroups
 	g.Group(reqs, len(r.parts))
 	var spans [netloop.MaxBatch]struct{ from, to int32 }
@@ -560,23 +556,13 @@ func (r *Runner) handleGrouped(reqs []codec.Request, out []byte, now int64, self
 			p.out = p.t.Apply(now, &cmd, p.out[:0])
 			from := len(out)
 			var a int
-			out, a = r.dispatch(p, now, self, out)
+			out, a = r.dispatch(p, now, c, out)
 			answered += a
 			spans[j] = struct{ from, to int32 }{int32(from - start), int32(len(out) - start)}
 		}
 		p.mu.Unlock()
 		if r.isFailed.Load() {
 			stop = true
-		}
-	}
-	for i := 0; i < g.Len(); {
-		sh, run := g.Run(i)
-		i += len(run)
-		if p := r.parts[sh]; p.nHanded.Load() > 0 {
-			p.mu.Lock()
-			r.renewHanded(p, self)
-			r.publishNext(p)
-			p.mu.Unlock()
 		}
 	}
 	if g.Len() > 0 { // also when stopping: what was answered keeps request order
@@ -610,20 +596,24 @@ func (r *Runner) inRequestOrder(out []byte, start int, spans []struct{ from, to 
 // the durable lease ceiling is made to cover every deadline granted (the
 // token ceiling already is: the table reserved it before granting). Runs
 // under p.mu.
-func (r *Runner) dispatch(p *part, now int64, self uint64, out []byte) ([]byte, int) {
-	out, answered := r.route(p, now, self, out)
+func (r *Runner) dispatch(p *part, now int64, c *netloop.Conn, out []byte) ([]byte, int) {
+	out, answered := r.route(p, now, c, out)
 	r.publishNext(p)
 	return out, answered
 }
 
 // route is dispatch but for publishing p's next timer, which its caller
 // does once for many commands, before it unlocks p.
-func (r *Runner) route(p *part, now int64, self uint64, out []byte) ([]byte, int) {
+func (r *Runner) route(p *part, now int64, c *netloop.Conn, out []byte) ([]byte, int) {
+	var self uint64
+	if c != nil {
+		self = c.ID()
+	}
 	answered := 0
 	for {
 		r.coverLeases(p)
 		if !r.isFailed.Load() {
-			now = r.renewLate(p, now, self)
+			now = r.renewLate(p, now)
 		}
 		held := r.isFailed.Load()
 		for i := range p.out {
@@ -639,13 +629,16 @@ func (r *Runner) route(p *part, now int64, self uint64, out []byte) ([]byte, int
 			if self != 0 && a.To.Conn == self {
 				out = netloop.AppendAnswer(out, a)
 				answered++
+				if a.Result == shard.Acquired && a.Waited {
+					c.HandOver(a.Token, a.Key, now, a.Deadline)
+				}
 				continue
 			}
 			if a.To.Conn == 0 {
 				continue // an internal release
 			}
 			p.post = netloop.AppendAnswer(p.post[:0], a)
-			if !r.deliver(a, p.post) && a.Result == shard.Acquired {
+			if !r.deliver(a, now, p.post) && a.Result == shard.Acquired {
 				p.orphans = append(p.orphans, orphan{a.Token, append([]byte(nil), a.Key...)})
 			}
 		}
@@ -670,10 +663,10 @@ const lateSlack = int64(10 * time.Microsecond)
 // shard lock was taken (another loop may have held it through a synced
 // write), a synced write of coverLeases or reserveTokens, or a long batch.
 // Their holders count from the answer, so the leases move on by the time
-// that passed before it leaves, and the ceiling covers them again. Returns
-// the time the leases now count from. A Handle call's hand-overs are kept
-// for renewHanded. Under p.mu.
-func (r *Runner) renewLate(p *part, now int64, self uint64) int64 {
+// that passed, and the ceiling covers them again. Returns the time the
+// leases now count from; what delays the answers after the shard is
+// unlocked, RenewLate covers. Under p.mu.
+func (r *Runner) renewLate(p *part, now int64) int64 {
 	for {
 		waited := false
 		for i := range p.out {
@@ -684,17 +677,6 @@ func (r *Runner) renewLate(p *part, now int64, self uint64) int64 {
 		}
 		late := r.clock.now() - now
 		if late <= lateSlack {
-			for i := range p.out {
-				if self == 0 {
-					break // not a Handle call: the answers leave once p is unlocked
-				}
-				if a := &p.out[i]; a.Result == shard.Acquired && a.Waited {
-					at := len(p.keys)
-					p.keys = append(p.keys, a.Key...)
-					p.handed = append(p.handed, handed{key: [2]int{at, len(p.keys)}, self: self, token: a.Token, since: now, deadline: a.Deadline})
-					p.nHanded.Store(int32(len(p.handed)))
-				}
-			}
 			return now
 		}
 		for i := range p.out {
@@ -705,44 +687,59 @@ func (r *Runner) renewLate(p *part, now int64, self uint64) int64 {
 		}
 		r.renewals.Add(1)
 		now += late
-		r.coverLeases(p)
+		// Again only after a synced write: the round's own microseconds
+		// are what any answer takes to leave.
+		wrote := r.syncReserves.Load()
+		if r.coverLeases(p); r.syncReserves.Load() == wrote {
+			return now
+		}
 	}
 }
 
-// renewHanded is renewLate at the end of the Handle call of connection
-// self, for the hand-overs it routed: their answers leave only once it
-// returns (its own connection's, and, with one event loop, the others'
-// too), so a later frame's synced write delays them. Their leases move on
-// by the time that passed since they were counted from. Under p.mu.
-func (r *Runner) renewHanded(p *part, self uint64) {
-	for !r.isFailed.Load() {
+// RenewLate implements netloop.LateRenewer: the hand-overs among the
+// answers about to be written to a connection were counted from since, and
+// what came between (the rest of the Handle call, the loop's other
+// connections in the same poll, a synced write on the loop, the time a
+// posted answer waited in the mailbox) delays them. Their leases move on
+// by the time that passed, and the ceiling covers them again, before they
+// leave. A hand-over whose whole lease passed first was expired meanwhile
+// and is not renewed (lostLate); false, once the runner has failed: the
+// ceilings may not be durable, and no grant leaves.
+func (r *Runner) RenewLate(_ *netloop.Conn, gs []netloop.Grant) bool {
+	for {
+		if r.isFailed.Load() {
+			return false
+		}
 		now := r.clock.now()
 		moved := false
-		for i := range p.handed {
-			h := &p.handed[i]
-			if late := now - h.since; h.self == self && late > lateSlack {
-				h.since, h.deadline = now, satAdd(h.deadline, late)
-				p.t.Extend(p.keys[h.key[0]:h.key[1]], h.token, h.deadline)
-				moved = true
+		wrote := r.syncReserves.Load()
+		for i := range gs {
+			g := &gs[i]
+			late := now - g.Since
+			if late <= lateSlack {
+				continue
 			}
+			g.Since, g.Deadline = now, satAdd(g.Deadline, late)
+			p := r.part(g.Key)
+			p.mu.Lock()
+			if p.t.Extend(g.Key, g.Token, g.Deadline) {
+				moved = true
+				r.coverLeases(p)
+			} else {
+				r.lostLate.Add(1)
+			}
+			p.mu.Unlock()
 		}
 		if !moved {
-			break
+			return !r.isFailed.Load()
 		}
 		r.renewals.Add(1)
-		r.coverLeases(p)
-	}
-	keep := p.handed[:0]
-	for _, h := range p.handed {
-		if h.self != self {
-			keep = append(keep, h)
+		if r.syncReserves.Load() == wrote {
+			// Again only after a synced write: the round's own
+			// microseconds are what any answer takes to leave.
+			return !r.isFailed.Load()
 		}
 	}
-	p.handed = keep
-	if len(keep) == 0 {
-		p.keys = p.keys[:0]
-	}
-	p.nHanded.Store(int32(len(keep)))
 }
 
 // publishNext tells the timer loop p's earliest timer, and wakes it if that
@@ -756,19 +753,28 @@ func (r *Runner) publishNext(p *part) {
 	}
 }
 
-func (r *Runner) deliver(a *shard.Answer, b []byte) bool {
+func (r *Runner) deliver(a *shard.Answer, since int64, b []byte) bool {
 	if r.env.deliver != nil {
-		return r.env.deliver(a, b)
+		return r.env.deliver(a, since, b)
 	}
-	c := r.srv.Conn(a.To.Conn)
+	return postAnswer(r.srv.Conn(a.To.Conn), a, since, b)
+}
+
+// postAnswer posts b, the encoding of a, to c: a grant typed beside the
+// mailbox, released if the connection closes first, and a hand-over's
+// renewed when it leaves (RenewLate).
+func postAnswer(c *netloop.Conn, a *shard.Answer, since int64, b []byte) bool {
 	if c == nil {
 		return false
 	}
-	if a.Result == shard.Acquired {
-		// Typed beside the mailbox: released if the connection closes first.
-		return c.PostGrant(b, a.Token, a.Key)
+	if a.Result != shard.Acquired {
+		return c.Post(b, 1)
 	}
-	return c.Post(b, 1)
+	g := [1]netloop.Grant{{Token: a.Token, Key: a.Key}}
+	if a.Waited {
+		g[0].Since, g[0].Deadline = since, a.Deadline
+	}
+	return c.PostGrants(b, 1, g[:])
 }
 
 // coverLeases makes the durable lease ceiling cover every deadline p's
@@ -893,7 +899,7 @@ func (r *Runner) withdraw(conn uint64) {
 // for its answer) and dispatches what it decides for others. Under p.mu.
 func (r *Runner) applyInternal(p *part, now int64, cmd shard.Command) {
 	p.out = p.t.Apply(now, &cmd, p.out[:0])
-	r.dispatch(p, now, 0, nil)
+	r.dispatch(p, now, nil, nil)
 }
 
 // Orphaned implements netloop.Backend. It applies during shutdown too, up
@@ -949,7 +955,7 @@ func (r *Runner) timerLoop() {
 			p.mu.Lock()
 			if !r.closing.Load() {
 				p.out = p.t.Tick(now, p.out[:0])
-				r.dispatch(p, now, 0, nil)
+				r.dispatch(p, now, nil, nil)
 			}
 			p.mu.Unlock()
 		}
@@ -1008,7 +1014,7 @@ func (r *Runner) Quiesce() {
 		now := r.clock.now()
 		for _, p := range r.parts {
 			p.out = p.t.TimeoutWaiters(p.out[:0])
-			r.dispatch(p, now, 0, nil)
+			r.dispatch(p, now, nil, nil)
 		}
 		r.unlockAll()
 	})

@@ -167,8 +167,13 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 	}
 	if lr, ok := r.(interface{ LateRenewals() int64 }); ok {
 		c("ticketd_late_grants_renewed_total",
-			"Hand-overs whose lease was counted anew because their answer left late (a synced write, a wait for the shard lock).",
+			"Rounds in which hand-overs' leases were counted anew because their answer left late (a synced write, a wait for the shard lock, the loop's other connections).",
 			func() float64 { return float64(lr.LateRenewals()) })
+	}
+	if ll, ok := r.(interface{ LostLateGrants() int64 }); ok {
+		c("ticketd_late_grants_lost_total",
+			"Hand-overs whose answer left after their whole lease had passed (a synced write longer than the lease): the key may have gone to the next waiter meanwhile.",
+			func() float64 { return float64(ll.LostLateGrants()) })
 	}
 	if rd, ok := r.(interface{ Ready() bool }); ok {
 		a.mu.Lock()
