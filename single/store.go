@@ -216,6 +216,13 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		var seq uint64
 		if ld.snap, seq, err = decodeSnapshot(b); err != nil {
 			ld.damage = append(ld.damage, fmt.Sprintf("%s is damaged (%v)", snapName, err))
+		} else if seq != 0 && ld.stOK && seq > ld.st.Seq {
+			// Every write of the state raises its Seq, and the snapshot
+			// names the one it was written with: a state below it went
+			// back (a write lost, a file put back from a copy), and its
+			// ceilings are below tokens and leases already given.
+			ld.damage = append(ld.damage, fmt.Sprintf("%s went back: its write %d is older than %s's %d", stateName, ld.st.Seq, snapName, seq))
+			ld.stOK = false
 		} else if seq != 0 && ld.stOK && seq != ld.st.Seq {
 			ld.snap, ld.staleSnap = nil, true // a crash's restart, and the file goes
 		}

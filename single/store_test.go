@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/shard"
 )
 
 // dirContents is every file of dir with its bytes.
@@ -398,5 +400,95 @@ func TestSnapshotOfTheEarlierFormatLoads(t *testing.T) {
 	defer r.Close()
 	if r.Crashed {
 		t.Error("a snapshot of the earlier format was not loaded")
+	}
+}
+
+// A state file older than the snapshot it was written with (a write lost,
+// a file put back from a copy) holds ceilings below the tokens and leases
+// already given: the dir is damaged, and its recovery does not trust them.
+func TestStateBehindItsSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{tokenBlock: 16, shards: 1})
+	old, err := os.ReadFile(filepath.Join(dir, stateName)) // tokens up to 16
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := g.dial()
+	var last uint64
+	for i := range 40 {
+		last = c.acquire("o", fmt.Sprintf("k%d", i), 600_000)
+	}
+	if err := g.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, stateName), old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opt := Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}
+	if _, err := open(opt, env{clock: g.clock}); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "went back") {
+		t.Fatalf("open: %v; want ErrDamaged saying the state went back", err)
+	}
+	opt.RecoverDamaged = true
+	r, err := open(opt, env{clock: g.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.TokenFloor < last || r.GraceUntil < testStart+int64(600*time.Second) {
+		t.Errorf("recovered with tokens above %d, grace until %d: want tokens above %d and grace past the leases' end %d",
+			r.TokenFloor, r.GraceUntil, last, testStart+int64(600*time.Second))
+	}
+}
+
+// A snapshot whose second table does not load is recovered onto empty
+// tables, and the keys the first table's load counted against --max-keys
+// are not counted any more: the recovered server takes new keys up to it.
+func TestRecoveredSnapshotKeepsNoKeysOfItsTables(t *testing.T) {
+	dir := t.TempDir()
+	clk := newFakeClock(testStart)
+	r0, err := open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Hour, MaxLease: time.Second}, env{clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r0.Close()
+
+	// A clean-shutdown snapshot bound to the state: shard 0 holds one
+	// (expired) key, shard 1's table is garbage under a valid outer checksum.
+	tb := shard.New(shard.Config{})
+	tb.Apply(testStart, &shard.Command{Op: shard.OpAcquire, From: shard.Requester{Conn: 1, Seq: 1}, Owner: []byte("o"), Key: []byte("a"), LeaseMs: 1}, nil)
+	var b0 bytesWriter
+	if err := tb.WriteSnapshot(&b0); err != nil {
+		t.Fatal(err)
+	}
+	blob := binary.AppendUvarint(nil, 2)
+	blob = binary.AppendUvarint(blob, uint64(len(b0)))
+	blob = append(blob, b0...)
+	blob = binary.AppendUvarint(blob, 2)
+	blob = append(blob, "xx"...)
+	s, ld, err := openStore(dir, false, time.Second, clk.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.putSnapshot(ld.st.Seq, blob); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.close()
+
+	r, err := open(Options{DataDir: dir, Shards: 2, MaxKeys: 1, SweepInterval: time.Hour, MaxLease: time.Second, RecoverDamaged: true}, env{clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Recovered == nil {
+		t.Fatal("not recovered")
+	}
+	if n := r.Stats().Keys; n != 0 {
+		t.Fatalf("%d keys after recovery, want 0", n)
+	}
+	after := r.GraceUntil + 1
+	p := r.parts[0]
+	out := p.t.Apply(after, &shard.Command{Op: shard.OpAcquire, From: shard.Requester{Conn: 9, Seq: 1}, Owner: []byte("p"), Key: []byte("new"), LeaseMs: 1000}, nil)
+	if len(out) != 1 || out[0].Result != shard.Acquired {
+		t.Fatalf("an empty server with --max-keys 1 answered %c to a new key, want A", out[0].Result.Letter())
 	}
 }
