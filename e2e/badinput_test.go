@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -131,4 +133,44 @@ func TestBadInput(t *testing.T) {
 
 	by.send(acq("x", "by", 1000, 0), rel(byTok, "by"))
 	by.expect(timedOut("x", "by"), released(byTok, "by"))
+}
+
+// A client that pipelines past a bad frame while it reads slowly gets every
+// answer before the frame, the E line and then the end of the stream: the
+// server keeps the connection open, discarding what it sends, until all of
+// it is written. Closed at once, gnet dropped what it had not written yet,
+// and the unread input made the kernel reset the connection: the client
+// lost grants it never heard of, held until their lease ended.
+func TestBadFrameReachesASlowReader(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	d, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	_ = d.(*net.TCPConn).SetReadBuffer(4096)
+	const n = 5000
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "A slow sr%d 60000 0\n", i)
+	}
+	b.WriteString("X\n")
+	b.WriteString(strings.Repeat("A p q 1 0\n", 20000)) // still coming after the E line
+	go func() { _, _ = d.Write([]byte(b.String())) }()
+	time.Sleep(1500 * time.Millisecond) // not reading meanwhile
+	_ = d.SetReadDeadline(time.Now().Add(20 * time.Second))
+	all, err := io.ReadAll(d)
+	if err != nil {
+		t.Fatalf("after %d bytes: %v; want every answer, the E line and the end of the stream", len(all), err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(all), "\n"), "\n")
+	if len(lines) != n+1 || lines[n] != "E command unknown command" {
+		t.Fatalf("%d lines, the last %q; want %d grants and the E line", len(lines), lines[len(lines)-1], n)
+	}
+	for i, l := range lines[:n] {
+		if f := strings.Fields(l); len(f) != 4 || f[0] != "A" || f[3] != fmt.Sprintf("sr%d", i) {
+			t.Fatalf("line %d: %q, want the grant of sr%d", i, l, i)
+		}
+	}
 }

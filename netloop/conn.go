@@ -21,10 +21,12 @@ type Conn struct {
 	inflight int    // requests handed to the Backend and not yet answered
 	seq      uint64 // requests read so far
 	paused   bool
+	shut     bool   // lingering: the write side is shut (linger)
 	epfd     int    // the loop's epoll descriptor, for pausing reads
 	held     int    // inbound bytes left unparsed by the last OnTraffic
 	marks    uint64 // the Backend's (Marks)
 	active   int64  // stamp of the last read, write or pending state
+	closeAt  int64  // lingering: when it is closed at the latest; 0: open
 
 	// Timeout stamps (see timeout.go): written by the loop, read by the
 	// sweep; 0 is none.
@@ -244,6 +246,9 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	c := gc.Context().(*Conn)
 	s := h.s
+	if c.closeAt != 0 {
+		return h.linger(c, gc)
+	}
 	var start time.Time
 	if s.cfg.Latency != nil {
 		start = time.Now()
@@ -298,8 +303,8 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 			s.cfg.Latency.Observe(time.Since(start).Seconds())
 		}
 	}
-	if action != gnet.None {
-		return action
+	if action == gnet.Close {
+		return h.linger(c, gc)
 	}
 	if c.over(0) {
 		c.pause()
@@ -315,6 +320,44 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	}
 	if s.timeouts {
 		return c.watch(held, consumed, lineLeft, len(out) > 0)
+	}
+	return gnet.None
+}
+
+// lingerFor bounds how long a connection the server closes (after a bad
+// frame's E line, Fail's, or at the Backend's word) waits for its client
+// to read what it was written.
+const lingerFor = 5 * time.Second
+
+// linger closes a connection the server is done with without losing what
+// it was written. gnet, told to close, writes what it holds once and drops
+// the rest, and a close with input unread makes the kernel reset the
+// connection and drop its own send queue too: a client that pipelined past
+// a bad frame while reading slowly lost the answers before it, grants
+// among them, and the E line. So the connection stays open while its
+// client reads: what it sends is discarded, once gnet has written
+// everything the write side is shut (the client reads to the end, then
+// EOF), and it is closed when the client closes its side or lingerFor has
+// passed. It is woken every parkedEvery meanwhile. Loop only.
+func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
+	s := h.s
+	if c.closeAt == 0 {
+		c.closeAt = s.now() + int64(lingerFor)
+		c.paused = false // reads go on, to be discarded
+		s.parked.add(c)
+		_ = resumeRead(c.epfd, gc.Fd(), gc.OutboundBuffered() > 0)
+	}
+	if n := gc.InboundBuffered(); n > 0 {
+		_, _ = gc.Discard(n)
+	}
+	if !c.shut && gc.OutboundBuffered() == 0 {
+		c.shut = true
+		if shutWrite(gc.Fd()) != nil {
+			return gnet.Close
+		}
+	}
+	if s.now() >= c.closeAt {
+		return gnet.Close
 	}
 	return gnet.None
 }
