@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/shard"
 )
 
 // quiet is how long a test waits to be sure that an answer is not coming.
@@ -637,4 +639,31 @@ func TestFieldLimitsAccepted(t *testing.T) {
 		c.sendRaw([]byte(fmt.Sprintf("R %d crlf\r\n", tok)))
 		c.expect(released(tok, "crlf"))
 	})
+}
+
+// Pipelined requests are carried out in the order sent, with any number of
+// event loops: an acquire of a new key pipelined after the release that
+// frees the last room is granted, though its shard comes first. (With more
+// than one loop a batch is applied shard by shard, except near the end of
+// --max-keys or --max-waiters, where that order would decide B.)
+func TestPipelineOrderDecidesRoomWithManyLoops(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, "--loops", "2", "--max-keys", "1", "--shards", "16")
+	hold := "pohold"
+	var y string
+	for i := 0; ; i++ {
+		y = fmt.Sprintf("poy%d", i)
+		if shard.Index([]byte(y), 16) < shard.Index([]byte(hold), 16) {
+			break
+		}
+	}
+	c := s.dial(t)
+	tok := c.acquire("a", hold, 60000, 0)
+	c.send(rel(tok, hold), acq("b", y, 60000, 0))
+	if got := c.next(); got != released(tok, hold) {
+		t.Fatalf("release answered %q", got)
+	}
+	if got := c.next(); !strings.HasPrefix(got, "A ") {
+		t.Errorf("an acquire pipelined after the release that freed the only room answered %q", got)
+	}
 }

@@ -126,6 +126,8 @@ type Runner struct {
 
 	scratch sync.Pool // *[]byte, for putting a batch's answers back in order
 	inOrder bool      // Handle locks a batch's shards at once: one event loop
+	// The budgets all shards share: --max-keys and --max-waiters.
+	keys, waiters *shard.Budget
 
 	closing  atomic.Bool
 	quiesce  sync.Once
@@ -231,6 +233,7 @@ func RecoveryFloor(now int64) uint64 { return uint64(max(now, 0)) }
 func (r *Runner) load(ld loaded, now int64) error {
 	n := r.opt.Shards
 	keys, waiters := shard.NewBudget(r.opt.MaxKeys), shard.NewBudget(r.opt.MaxWaiters)
+	defer func() { r.keys, r.waiters = keys, waiters }()
 	r.parts = make([]*part, n)
 	for i := range r.parts {
 		r.parts[i] = &part{t: r.newTable(keys, waiters)}
@@ -447,7 +450,7 @@ func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]by
 	for range len(reqs) - 1 {
 		c.NextSeq() // sequences follow the frames' order, whatever the shard
 	}
-	if r.inOrder {
+	if r.inOrder || r.nearLimit(len(reqs)) {
 		return r.handleInOrder(c, reqs, out, now, seq)
 	}
 	return r.handleGrouped(c, reqs, out, now, seq)
@@ -488,6 +491,17 @@ func (r *Runner) handleInOrder(c *netloop.Conn, reqs []codec.Request, out []byte
 		}
 	}
 	return out, answered, false
+}
+
+// nearLimit tells whether a batch of n frames may meet the end of the
+// budget of keys or queued acquires that all shards share: then whether a
+// frame gets B depends on the frames before it on other shards (a release
+// that frees the room an acquire after it takes), and the batch is applied
+// in request order, under all its shards' locks (taken in shard order, so
+// loops that do so at once cannot deadlock), instead of shard by shard.
+func (r *Runner) nearLimit(n int) bool {
+	near := func(b *shard.Budget) bool { return b.Max() > 0 && b.Used()+n >= b.Max() }
+	return near(r.keys) || near(r.waiters)
 }
 
 // maxShards bounds Options.Shards, so that a batch's set of shards fits
