@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -173,4 +174,29 @@ func TestBadFrameReachesASlowReader(t *testing.T) {
 			t.Fatalf("line %d: %q, want the grant of sr%d", i, l, i)
 		}
 	}
+}
+
+// The answers to requests before a bad frame come before its E line in
+// both modes, also where they are known only later (cluster mode: once
+// they commit); a queued acquire is withdrawn, not waited for.
+func TestBadFrameComesAfterTheAnswersBeforeIt(t *testing.T) {
+	t.Parallel()
+	bothModes(t, func(t *testing.T, s *server) {
+		h := s.dial(t)
+		tok := h.acquire("h", "bfq", 60000, 0)
+		c := s.dial(t)
+		c.send(acq("x", "bfk", 60000, 0), rel(5, "bfnokey"), acq("w", "bfq", 60000, 60000), "X")
+		// Any order: in cluster mode each shard answers as it commits.
+		got := []string{c.next(), c.next()}
+		slices.Sort(got)
+		if f := strings.Fields(got[0]); len(f) != 4 || f[0] != "A" || f[2] != "x" || f[3] != "bfk" || got[1] != "N 5 bfnokey" {
+			t.Fatalf("the requests before the bad frame answered %q", got)
+		}
+		c.expectError("command")
+		// The queued acquire went with the connection: the key goes to nobody.
+		h.release(tok, "bfq")
+		h.expectNothing(300 * time.Millisecond)
+		k := s.dial(t)
+		k.acquire("k", "bfq", 1000, 0)
+	})
 }

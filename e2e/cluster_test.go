@@ -259,11 +259,13 @@ func TestClusterProtocol(t *testing.T) {
 		x.expect(fmt.Sprintf("A %d x wd", tok+1))
 	})
 	t.Run("bad input", func(t *testing.T) {
-		// Answers not yet committed when the bad line is read are not known:
-		// the client treats the earlier request as failed. Its grant, if
-		// any, goes nowhere and is released, so the key is free after.
+		// The answer to the request before the bad line comes before the
+		// E line, as in single mode, though it is known only once it
+		// commits; nothing after the bad line is carried out, and the key
+		// is free once the grant's lease has passed.
 		b, x := c.dial(1).on(t), c.dial(0).on(t)
 		b.send("A o bad 1000 0", "a o bad 1000 0", "A o2 bad2 1000 0")
+		b.expectAcquired("o", "bad")
 		b.expectError("command")
 		deadline := time.Now().Add(5 * time.Second)
 		for {

@@ -21,12 +21,12 @@ type Conn struct {
 	inflight int    // requests handed to the Backend and not yet answered
 	seq      uint64 // requests read so far
 	paused   bool
-	shut     bool   // lingering: the write side is shut (linger)
-	epfd     int    // the loop's epoll descriptor, for pausing reads
-	held     int    // inbound bytes left unparsed by the last OnTraffic
-	marks    uint64 // the Backend's (Marks)
-	active   int64  // stamp of the last read, write or pending state
-	closeAt  int64  // lingering: when it is closed at the latest; 0: open
+	shut     bool    // lingering: the write side is shut (linger)
+	epfd     int     // the loop's epoll descriptor, for pausing reads
+	held     int     // inbound bytes left unparsed by the last OnTraffic
+	marks    uint64  // the Backend's (Marks)
+	active   int64   // stamp of the last read, write or pending state
+	end      *ending // being closed by the server; nil: open
 
 	// Timeout stamps (see timeout.go): written by the loop, read by the
 	// sweep; 0 is none.
@@ -45,6 +45,14 @@ type Conn struct {
 	failed bool // Fail posted its line: nothing is posted after it
 
 	late *lateSet // loop only: grants to renew before the next write (LateRenewer)
+}
+
+// ending is a connection the server is closing: lingering (linger), or,
+// with err, first waiting for the answers to the requests before a bad
+// frame (cluster mode: their commits) to write its E line after them.
+type ending struct {
+	at  int64        // when it is closed, or its E line written, at the latest
+	err *codec.Error // the bad frame's, while its E line waits
 }
 
 type grant struct {
@@ -246,7 +254,7 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	c := gc.Context().(*Conn)
 	s := h.s
-	if c.closeAt != 0 {
+	if c.end != nil && c.end.err == nil {
 		return h.linger(c, gc)
 	}
 	var start time.Time
@@ -276,7 +284,18 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	action := gnet.None
 	buf, _ := gc.Peek(-1)
 	held, consumed, lineLeft := len(buf), 0, false
-	if last {
+	if e := c.end; e != nil {
+		// A bad frame's E line waits for the answers before it; nothing
+		// after the frame is carried out.
+		consumed = held
+		if last || c.inflight-s.cfg.Backend.Queued(c) <= 0 || s.now() >= e.at {
+			if !last {
+				out = codec.AppendError(c.seal(out), e.err)
+			}
+			c.end = nil // linger's now
+			action = gnet.Close
+		}
+	} else if last {
 		action = gnet.Close // Fail's line is the last thing the client reads
 	} else if len(buf) > 0 && !c.over(len(out)) {
 		out, consumed, action = h.parse(c, buf, out)
@@ -305,6 +324,9 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	}
 	if action == gnet.Close {
 		return h.linger(c, gc)
+	}
+	if c.end != nil {
+		return gnet.None // woken by posts, and every parkedEvery
 	}
 	if c.over(0) {
 		c.pause()
@@ -341,8 +363,8 @@ const lingerFor = 5 * time.Second
 // passed. It is woken every parkedEvery meanwhile. Loop only.
 func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 	s := h.s
-	if c.closeAt == 0 {
-		c.closeAt = s.now() + int64(lingerFor)
+	if c.end == nil {
+		c.end = &ending{at: s.now() + int64(lingerFor)}
 		c.paused = false // reads go on, to be discarded
 		s.parked.add(c)
 		_ = resumeRead(c.epfd, gc.Fd(), gc.OutboundBuffered() > 0)
@@ -356,7 +378,7 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 			return gnet.Close
 		}
 	}
-	if s.now() >= c.closeAt {
+	if s.now() >= c.end.at {
 		return gnet.Close
 	}
 	return gnet.None
@@ -429,6 +451,13 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 			reqs = reqs[:len(reqs)-1]
 			s.badFrames.Add(1)
 			if !flush() {
+				if c.inflight-s.cfg.Backend.Queued(c) > 0 {
+					// Answers to requests before it are still to come
+					// (cluster mode: their commits): the E line waits.
+					c.end = &ending{at: s.now() + int64(lingerFor), err: perr}
+					s.parked.add(c)
+					break
+				}
 				out = codec.AppendError(c.seal(out), perr)
 			}
 			action = gnet.Close
