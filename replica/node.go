@@ -192,7 +192,7 @@ type Node struct {
 type nodeStats struct {
 	proposals, retries, failed, expiries atomic.Int64
 	leaderChanges, orphans, renewals     atomic.Int64
-	snapshotsReceived, reaped            atomic.Int64
+	snapshotsReceived, reaped, givenUp   atomic.Int64
 }
 
 // group is one shard on this node: its replica and its proposer.
@@ -211,6 +211,12 @@ type group struct {
 	next  uint64              // batch id of the next proposal
 	open  map[uint64]struct{} // batch ids in flight: the floor is the least
 	force bool                // propose even an empty batch (see quorumLoop)
+	// redo: the commands in pend that no client waits for, withdraws and
+	// orphans' releases; a batch given up queues them again, as nobody
+	// else would retry them (a withdraw lost left the connection's acquires
+	// queued, granted to nobody in turn).
+	redo  []byte
+	redoN uint64
 	// agreed: this node's settings matched the shard's, its notice
 	// committed and applied here, so this node has caught up with what the
 	// shard had committed when it started (set by the proposer).
@@ -516,6 +522,8 @@ func (g *group) withdraw(cmd *shard.Command) {
 	first := g.pendN == 0
 	g.pend = appendCommand(g.pend, cmd)
 	g.pendN++
+	g.redo = appendCommand(g.redo, cmd)
+	g.redoN++
 	g.mu.Unlock()
 	if first {
 		g.kickNow()
@@ -537,6 +545,8 @@ func (g *group) settle(id uint64) {
 		if l.until <= low {
 			g.pend = append(g.pend, l.cmd...)
 			g.pendN++
+			g.redo = append(g.redo, l.cmd...)
+			g.redoN++
 			moved = true
 		} else {
 			keep = append(keep, l)
@@ -668,6 +678,10 @@ func (g *group) add(cmd *shard.Command, local uint64) {
 	first := g.pendN == 0
 	g.pend = appendCommand(g.pend, cmd)
 	g.pendN++
+	if local == 0 {
+		g.redo = appendCommand(g.redo, cmd)
+		g.redoN++
+	}
 	if local != 0 && (len(g.conns) == 0 || g.conns[len(g.conns)-1] != local) {
 		g.conns = append(g.conns, local)
 	}
@@ -810,7 +824,9 @@ func (g *group) proposer() {
 			h := header{node: g.n.opt.NodeID, inc: g.n.inc, batch: id, count: g.pendN}
 			body := append([]byte(nil), g.pend...)
 			conns, count := g.conns, g.pendN
+			redo, redoN := append([]byte(nil), g.redo...), g.redoN
 			g.pend, g.pendN, g.conns, g.force = g.pend[:0], 0, nil, false
+			g.redo, g.redoN = g.redo[:0], 0
 			g.mu.Unlock()
 			if o := g.n.opt.BatchCommands; o != nil {
 				o.Observe(float64(count))
@@ -823,7 +839,9 @@ func (g *group) proposer() {
 				// that commits later is refused below the floor).
 				g.settle(h.batch)
 				if !ok {
+					g.n.stats.givenUp.Add(1)
 					g.n.fail(conns, codec.ErrUnavailable)
+					g.requeue(redo, redoN)
 				}
 			}()
 		}
@@ -867,10 +885,28 @@ func (g *group) announce() bool {
 	}
 	g.mu.Lock()
 	conns := g.conns
-	g.pend, g.pendN, g.conns = g.pend[:0], 0, nil
+	g.pend, g.pendN, g.conns = append(g.pend[:0], g.redo...), g.redoN, nil
 	g.mu.Unlock()
 	n.fail(conns, codec.ErrUnavailable)
 	return false
+}
+
+// requeue queues again the commands of a batch given up that no client
+// waits for (redo); harmless to apply twice, should a copy still commit.
+func (g *group) requeue(b []byte, count uint64) {
+	if count == 0 {
+		return
+	}
+	g.mu.Lock()
+	first := g.pendN == 0
+	g.pend = append(g.pend, b...)
+	g.pendN += count
+	g.redo = append(g.redo, b...)
+	g.redoN += count
+	g.mu.Unlock()
+	if first {
+		g.kickNow()
+	}
 }
 
 // afterShardZero waits until shard 0 has agreed with this node's settings
@@ -1836,6 +1872,7 @@ type Counters struct {
 	SnapshotsReceived      int64
 	Renewals               int64 // grants applied too late to answer, renewed (fsm.judge)
 	LostNodeWithdrawals    int64 // withdraws of a lost node's queued acquires proposed as leader (reapLoop)
+	GivenUp                int64 // batches that could not commit within the unavailable timeout
 }
 
 // Counters reads the counters.
@@ -1845,7 +1882,7 @@ func (n *Node) Counters() Counters {
 		Proposals: s.proposals.Load(), Retries: s.retries.Load(), Unavailable: s.failed.Load(),
 		TimerCommands: s.expiries.Load(), LeaderChanges: s.leaderChanges.Load(), Orphans: s.orphans.Load(),
 		SnapshotsReceived: s.snapshotsReceived.Load(), Renewals: s.renewals.Load(),
-		LostNodeWithdrawals: s.reaped.Load(),
+		LostNodeWithdrawals: s.reaped.Load(), GivenUp: s.givenUp.Load(),
 	}
 }
 
@@ -1865,7 +1902,7 @@ func (n *Node) Stats() shard.Stats {
 // Quiesce stops taking requests, waits (up to the unavailable timeout) until
 // those already taken have committed, so that their answers go out before
 // the network side closes, and ends this node's queued acquires through the
-// log: they are answered T (within one proposal timeout). Locks stay held
+// log: they are answered T (tried until the unavailable timeout). Locks stay held
 // in the cluster.
 func (n *Node) Quiesce() {
 	if n.closing.Swap(true) {
@@ -1899,9 +1936,30 @@ func (n *Node) Quiesce() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if rs, err := n.nh.Propose(g.sess, entry, n.opt.ProposeTimeout); err == nil {
-				<-rs.ResultC()
-				rs.Release()
+			// Tried again until the unavailable timeout: a drop (a
+			// leader change, a transfer) would leave the acquires
+			// unanswered and queued, to be granted to nobody in turn.
+			// The commands are harmless to apply twice.
+			until := time.Now().Add(n.opt.UnavailableTimeout)
+			for {
+				rs, err := n.nh.Propose(g.sess, entry, n.opt.ProposeTimeout)
+				if err == nil {
+					r := <-rs.ResultC()
+					rs.Release()
+					if r.Completed() {
+						return
+					}
+				}
+				if time.Now().After(until) {
+					n.log.Warn("queued acquires not answered T before stopping: the shard did not commit their timeouts",
+						zap.Int("shard", g.idx), zap.Uint64("acquires", count))
+					return
+				}
+				select {
+				case <-n.stop:
+					return
+				case <-time.After(n.opt.RTT):
+				}
 			}
 		}()
 	}

@@ -312,3 +312,45 @@ func TestHandBackWaitsForTheTargetToCatchUp(t *testing.T) {
 	a.send("A w " + keys[4] + " 60000 0")
 	grant()
 }
+
+// Quiesce's timeouts of the node's queued acquires are proposed again when
+// a proposal is dropped (here by a transfer to a node that is down): the
+// acquires are answered T, not left queued without an answer.
+func TestQuiesceRetriesDroppedTimeouts(t *testing.T) {
+	c := newTestCluster(t, 1)
+	deadline := time.Now().Add(15 * time.Second)
+	for c.leads()[0] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("shard 0 not led by node 1: %v", c.leads())
+		}
+		if n := c.nodes[c.leads()[0]]; n != c.nodes[0] {
+			n.transfer(n.stop, []*group{n.grps[0]}, func(*group) uint32 { return 1 }, time.Now().Add(n.transferTime()))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n, g := c.nodes[0], c.nodes[0].grps[0]
+	h, w := c.dial(1), c.dial(0)
+	h.send("A h k 60000 0")
+	h.expect("A 1 h k")
+	w.send("A w k 60000 60000")
+	queued := func() int {
+		f := g.fsm.Load()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.t.Waiting(1, nil))
+	}
+	for deadline := time.Now().Add(10 * time.Second); queued() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("w's acquire not queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.stop(2)
+	go n.transfer(n.stop, []*group{g}, func(*group) uint32 { return 3 }, time.Now().Add(n.transferTime()))
+	for g.handing.Load() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(2 * n.opt.RTT) // the transfer has reached raft: proposals are dropped
+	n.Quiesce()
+	w.expect("T w k")
+}

@@ -1,7 +1,9 @@
 package replica
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ticketd/ticketd/shard"
 )
@@ -44,5 +46,53 @@ func TestWithdrawWaitsForTheBatchesBeforeIt(t *testing.T) {
 	g.withdraw(&wd)
 	if g.pendN != 3 || len(g.later) != 0 {
 		t.Fatalf("%d queued, %d waiting; want the withdraw queued at once", g.pendN, len(g.later))
+	}
+}
+
+// A connection's withdraw that is given up (no quorum while it closed) is
+// queued again, and commits once the shard has a quorum back: its acquire
+// does not stay queued, to be granted to nobody in turn.
+func TestGivenUpWithdrawIsProposedAgain(t *testing.T) {
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = time.Second })
+	h, w := c.dial(0), c.dial(2)
+	h.send("A h k 60000 0")
+	h.expect("A 1 h k")
+	w.send("A w k 60000 60000")
+	n3 := c.nodes[2]
+	queued := func() int {
+		f := n3.grps[0].fsm.Load()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.t.Waiting(3, nil))
+	}
+	for deadline := time.Now().Add(10 * time.Second); queued() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("w's acquire not queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := n3.Counters()
+	c.stop(0)
+	c.stop(1)
+	_ = w.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := w.r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "E unavailable ") {
+		t.Fatalf("got %q (%v), want E unavailable", line, err)
+	}
+	w.c.Close()
+	// Its withdraw is proposed and given up while the others are down.
+	for deadline := time.Now().Add(20 * time.Second); n3.Counters().GivenUp == before.GivenUp; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no batch given up: %+v", n3.Counters())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.start(0)
+	c.start(1)
+	c.waitReady()
+	for deadline := time.Now().Add(20 * time.Second); queued() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("w's acquire still queued after the shard had a quorum again: its withdraw was lost")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -34,6 +34,7 @@ func (a *admin) cluster(n *replica.Node) {
 	a.a.CounterFunc("ticketd_raft_proposals_total", "Batches proposed.", c(func(s replica.Counters) int64 { return s.Proposals }))
 	a.a.CounterFunc("ticketd_raft_proposal_retries_total", "Proposal attempts after a timeout or drop.", c(func(s replica.Counters) int64 { return s.Retries }))
 	a.a.CounterFunc("ticketd_unavailable_total", "Connections closed with E unavailable.", c(func(s replica.Counters) int64 { return s.Unavailable }))
+	a.a.CounterFunc("ticketd_batches_given_up_total", "Batches that could not commit within the unavailable timeout; their requests were answered E unavailable, their withdraws and orphans' releases queued again.", c(func(s replica.Counters) int64 { return s.GivenUp }))
 	a.a.CounterFunc("ticketd_expiries_committed_total", "Expire and WaitTimeout commands this node proposed as a shard leader.", c(func(s replica.Counters) int64 { return s.TimerCommands }))
 	a.a.CounterFunc("ticketd_raft_snapshots_received_total", "Snapshots this node caught up from (it had fallen behind the log a leader keeps).", c(func(s replica.Counters) int64 { return s.SnapshotsReceived }))
 	a.a.CounterFunc("ticketd_orphaned_grants_released_total", "Grants proposed for release because their connection had gone.", c(func(s replica.Counters) int64 { return s.Orphans }))
