@@ -22,6 +22,7 @@ type Conn struct {
 	seq      uint64 // requests read so far
 	paused   bool
 	shut     bool    // lingering: the write side is shut (linger)
+	told     bool    // the Backend was told the connection is gone (Closed)
 	epfd     int     // the loop's epoll descriptor, for pausing reads
 	held     int     // inbound bytes left unparsed by the last OnTraffic
 	marks    uint64  // the Backend's (Marks)
@@ -241,7 +242,9 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s.reg.del(c.id)
 	s.parked.del(c)
 	s.conns.Add(-1)
-	s.cfg.Backend.Closed(c)
+	if !c.told {
+		s.cfg.Backend.Closed(c)
+	}
 	from := 0
 	for _, g := range grants {
 		s.cfg.Backend.Orphaned(g.token, keys[from:g.key])
@@ -360,7 +363,10 @@ const lingerFor = 5 * time.Second
 // client reads: what it sends is discarded, once gnet has written
 // everything the write side is shut (the client reads to the end, then
 // EOF), and it is closed when the client closes its side or lingerFor has
-// passed. It is woken every parkedEvery meanwhile. Loop only.
+// passed. It is woken every parkedEvery meanwhile. Its queued acquires
+// are withdrawn at once (Closed), as nothing more is read from it; what is
+// posted to it until the write side is shut goes out first, and nothing is
+// taken after. Loop only.
 func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 	s := h.s
 	if c.end == nil {
@@ -368,11 +374,30 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 		c.paused = false // reads go on, to be discarded
 		s.parked.add(c)
 		_ = resumeRead(c.epfd, gc.Fd(), gc.OutboundBuffered() > 0)
+		c.told = true
+		s.cfg.Backend.Closed(c)
 	}
 	if n := gc.InboundBuffered(); n > 0 {
 		_, _ = gc.Discard(n)
 	}
 	if !c.shut && gc.OutboundBuffered() == 0 {
+		outp := s.outPool.Get().(*[]byte)
+		out := c.seal((*outp)[:0])
+		action, wrote := gnet.None, len(out) > 0
+		switch {
+		case c.late != nil && !c.renewLate():
+			h.unwritten(out)
+			action = gnet.Close
+		case wrote:
+			if _, err := gc.Write(out); err != nil {
+				h.unwritten(out) // gnet closed the connection, and OnClose has run
+			}
+		}
+		*outp = out[:0]
+		s.outPool.Put(outp)
+		if action != gnet.None || wrote {
+			return action // shut once what was written has gone
+		}
 		c.shut = true
 		if shutWrite(gc.Fd()) != nil {
 			return gnet.Close

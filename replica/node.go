@@ -259,10 +259,20 @@ type group struct {
 	// (leadership lost some other way, with the node up). A time.Now, like
 	// the reconnection it is compared with: both on the monotonic clock.
 	handedAt   atomic.Pointer[time.Time]
+	// handBackSkips: hand-backs in a row left for a target that had not
+	// shown it caught up (handBack); each doubles the wait to the next.
+	handBackSkips atomic.Int32
 	lastLeader atomic.Uint64 // the last leader known, never 0 once set (LeaderUpdated only)
 }
 
 const handBackAfter = 10 * time.Second
+
+// handBackEvery is the least time between two hand-backs of a shard.
+const handBackEvery = 5 * time.Second
+
+// maxHandBackSkips bounds the hand-backs in a row that handBack leaves
+// for a target that has not shown it caught up.
+const maxHandBackSkips = 3
 
 // handBackSettle is how long a node's raft connection must have been up
 // again before shards go back to it: a node that has just restarted (or
@@ -833,14 +843,18 @@ func (g *group) proposer() {
 			}
 			go func() {
 				defer func() { <-g.slots }()
-				ok := g.propose(h, body)
+				ok, gaveUp := g.proposeOrGiveUp(h, body)
 				// Settled either way: committed, or given up (its
 				// connections are told E unavailable next, and a copy
 				// that commits later is refused below the floor).
 				g.settle(h.batch)
 				if !ok {
-					g.n.stats.givenUp.Add(1)
 					g.n.fail(conns, codec.ErrUnavailable)
+				}
+				if gaveUp {
+					// Not when stopping or refused: that would come
+					// round again at once.
+					g.n.stats.givenUp.Add(1)
 					g.requeue(redo, redoN)
 				}
 			}()
@@ -1050,6 +1064,14 @@ func (h *header) restamp(now int64) {
 // rather than at its timeout. Every attempt is a new buffer (Dragonboat may
 // still hold the last one).
 func (g *group) propose(h header, body []byte) bool {
+	ok, _ := g.proposeOrGiveUp(h, body)
+	return ok
+}
+
+// proposeOrGiveUp is propose that also tells whether it gave up for want
+// of a commit within the unavailable timeout (or of a leader), rather than
+// because the node or the shard is stopping or refused the batch.
+func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 	n := g.n
 	start := time.Now()
 	n.stats.proposals.Add(1)
@@ -1059,11 +1081,11 @@ func (g *group) propose(h header, body []byte) bool {
 			waited, leaderless := time.Since(start), g.leaderlessFor()
 			if waited > n.opt.UnavailableTimeout || leaderless > n.opt.LeaderlessTimeout {
 				g.logGiveUp(waited, leaderless)
-				return false
+				return false, true
 			}
 		}
 		if !g.takeOff(n.stop) {
-			return false
+			return false, false
 		}
 		h.restamp(n.now())
 		if !h.notice() { // a notice's floor is its kind
@@ -1075,12 +1097,12 @@ func (g *group) propose(h header, body []byte) bool {
 		if err != nil {
 			g.flying.Add(-1)
 			if errors.Is(err, dragonboat.ErrClosed) || n.closing.Load() && errors.Is(err, dragonboat.ErrShardClosed) {
-				return false
+				return false, false
 			}
 			// Busy or not ready yet: back off a little.
 			select {
 			case <-n.stop:
-				return false
+				return false, false
 			case <-time.After(n.opt.RTT):
 			}
 			continue
@@ -1095,18 +1117,18 @@ func (g *group) propose(h header, body []byte) bool {
 		case r.Completed() && r.GetResult().Value == resultUnanswered:
 			n.log.Warn("a batch of this node was applied without its answers coming out here; its connections are told the outcome is unknown",
 				zap.Int("shard", g.idx), zap.Uint64("batch", h.batch))
-			return false
+			return false, false
 		case r.Completed():
 			g.lastOK.Store(monoNow())
 			if o := n.opt.ProposeSeconds; o != nil {
 				o.Observe(time.Since(start).Seconds())
 			}
-			return true
+			return true, false
 		case r.Terminated():
-			return false
+			return false, false
 		case r.Rejected():
 			n.log.Error("proposal rejected", zap.Int("shard", g.idx))
-			return false
+			return false, false
 		}
 		// Timed out (lost at a leader that stepped down) or dropped (no
 		// leader, or this one transferring): the batch may or may not be in
@@ -1122,7 +1144,7 @@ func (g *group) propose(h header, body []byte) bool {
 		}
 		select {
 		case <-n.stop:
-			return false
+			return false, false
 		case <-wait:
 		case <-ended:
 		}
@@ -1329,8 +1351,8 @@ func (n *Node) balanceLoop() {
 			}
 			// A transfer drops proposals until it completes or an election
 			// timeout passes, twice at most (see transfer): one hand-back
-			// per shard per 5s at most.
-			if n.mayHandBack(g, want, time.Now()) && time.Since(g.transferAt) > 5*time.Second {
+			// per shard per 5s at most, longer after skips (handBack).
+			if n.mayHandBack(g, want, time.Now()) && time.Since(g.transferAt) > handBackEvery<<g.handBackSkips.Load() {
 				g.transferAt = time.Now()
 				due = append(due, g)
 			}
@@ -1352,7 +1374,10 @@ func (n *Node) balanceLoop() {
 // applying what it missed, Dragonboat's target then skips its campaign,
 // and a transfer asked of it drops the shard's proposals for an election
 // timeout, twice (see transfer). Those shards stay here, at the price of
-// the quiesce's short hold, and are tried again at the next round (behind).
+// the quiesce's short hold, and are tried again later (behind), 5, 10 and
+// 20 s on; after maxHandBackSkips in a row (a target of an older ticketd,
+// which sends no drained notice, or one too slow to within the quiesce) the
+// transfer is asked for as before.
 func (n *Node) handBack(gs []*group) (moved, left, behind int) {
 	to := func(g *group) uint32 {
 		if want := n.preferred(g); n.reachable(want) {
@@ -1364,10 +1389,12 @@ func (n *Node) handBack(gs []*group) (moved, left, behind int) {
 	drained := n.quiesce(n.stop, gs, until)
 	ready := make([]*group, 0, len(gs))
 	for i, g := range gs {
-		if t := to(g); t != 0 && !slices.Contains(drained[i], t) {
+		if t := to(g); t != 0 && !slices.Contains(drained[i], t) && g.handBackSkips.Load() < maxHandBackSkips {
+			g.handBackSkips.Add(1)
 			behind++
 			continue
 		}
+		g.handBackSkips.Store(0)
 		ready = append(ready, g)
 	}
 	moved, left = n.transfer(n.stop, ready, to, until)

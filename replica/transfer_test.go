@@ -295,6 +295,22 @@ func TestHandBackWaitsForTheTargetToCatchUp(t *testing.T) {
 	if l := g.leader.Load(); l != 1 {
 		t.Fatalf("shard 2 led by %d, want 1", l)
 	}
+	// Left a bounded number of times in a row; then asked for as before
+	// (a target of an older ticketd never drains): here it fails.
+	for range maxHandBackSkips - 1 {
+		if m, l, b := n1.handBack([]*group{g}); b != 1 {
+			t.Fatalf("hand-back to a node behind: %d moved, %d left, %d behind; want it left again", m, l, b)
+		}
+	}
+	if m, l, b := n1.handBack([]*group{g}); b != 0 || m+l != 1 {
+		t.Fatalf("hand-back after %d left in a row: %d moved, %d left, %d behind; want it asked for", maxHandBackSkips, m, l, b)
+	}
+	for deadline := time.Now().Add(10 * time.Second); g.leader.Load() != 1; { // back after the failed transfer
+		if time.Now().After(deadline) {
+			t.Fatalf("shard 2 led by %d after a transfer to a node behind, want 1", g.leader.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
 
 	f.mu.Unlock()
 	stalled = false
