@@ -85,8 +85,10 @@ type Answer struct {
 	Owner    []byte
 	Key      []byte
 	Deadline int64 // Acquired: when the lease ends
-	// Waited: Acquired by a hand-over to a queued acquire, whose holder
-	// dates its lease from the answer, not from its send.
+	// Waited: Acquired to an acquire that could wait (wait_ms > 0), by a
+	// hand-over or at once: its holder cannot tell which, and dates its
+	// lease from the answer, not from its send (client.Lock.Deadline), so
+	// an answer that leaves late needs its lease moved on (single.Runner).
 	Waited bool
 }
 
@@ -274,14 +276,18 @@ func (t *Table) acquire(now int64, c *Command, out []Answer) []Answer {
 			return t.refuse(out, c, Busy)
 		}
 		e = t.register(c.Key, h)
-		return t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
+		out = t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
+		out[len(out)-1].Waited = c.WaitMs > 0
+		return out
 	}
 	if !t.cfg.Replicated && e.deadline <= now {
 		// Lazy take-over in place; the queue stays as it is (the expiry path is not FIFO).
 		if e.token != 0 {
 			t.st.Expiries++
 		}
-		return t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
+		out = t.grant(out, e, now, c.From, c.Owner, c.LeaseMs)
+		out[len(out)-1].Waited = c.WaitMs > 0
+		return out
 	}
 	if c.WaitMs == 0 {
 		return t.refuse(out, c, TimedOut)

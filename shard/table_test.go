@@ -484,14 +484,19 @@ func TestRenew(t *testing.T) {
 	New(Config{}).Apply(0, &Command{Op: OpRenew, Key: []byte("k")}, nil)
 }
 
-// TestExtend: a hand-over is marked Waited (a direct grant is not), and
-// Extend moves its lease later, never earlier, with the timer that hands the
-// key on; a token that no longer holds the key is not extended.
+// TestExtend: a hand-over is marked Waited, and so is a direct grant to an
+// acquire that could have waited (its holder cannot tell the two apart),
+// not one with wait_ms 0; Extend moves its lease later, never earlier, with
+// the timer that hands the key on; a token that no longer holds the key is
+// not extended.
 func TestExtend(t *testing.T) {
 	tb := New(Config{})
+	if a := acq(tb, 0, 9, 1, "w", 1000, 10_000); !a[0].Waited {
+		t.Fatalf("a direct grant to an acquire that could wait is not marked Waited: %+v", a)
+	}
 	a := acq(tb, 0, 1, 1, "k", 1000, 0)
 	if a[0].Waited {
-		t.Fatalf("a direct grant is marked Waited: %+v", a)
+		t.Fatalf("a direct grant with wait_ms 0 is marked Waited: %+v", a)
 	}
 	acq(tb, 0, 2, 1, "k", 500, 10_000)
 	h := rel(tb, 100e6, "k", a[0].Token)

@@ -230,6 +230,31 @@ func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
 	}
 }
 
+// A grant at once to an acquire that could have waited (wait_ms > 0) is
+// dated by its holder from its answer too, as a hand-over is (the client
+// cannot tell them apart): one whose answer leaves late (its lease
+// ceiling's synced write takes 5 s here) keeps its whole lease from it.
+func TestLateDirectGrantThatCouldWaitKeepsItsLease(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{})
+	w, x := g.dial(), g.dial()
+	slow := g.slowTenMinuteCeiling()
+	w.send("A w k 600000 60000") // the key is free: granted at once
+	w.granted("w", "k")
+	if slow.Load() {
+		t.Fatal("the grant did not wait for a synced write: the test did not test that")
+	}
+	answered := g.clock.now() // w counts its lease from here
+	x.send("A x k 1000 7200000")
+	time.Sleep(50 * time.Millisecond) // queued
+	g.clock.Advance(time.Duration(answered + int64(600*time.Second) - int64(time.Millisecond) - g.clock.now()))
+	_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if line, err := x.r.ReadString('\n'); err == nil {
+		t.Fatalf("%q while w, counting from its answer, still held k", line)
+	}
+	g.clock.Advance(2 * time.Millisecond)
+	x.granted("x", "k")
+}
+
 // A hand-over's answer that a later frame of the same batch holds back (its
 // synced write takes 5 s here) also keeps its whole lease from the answer:
 // the batch's answers leave when it ends, its own connection's and, with one
