@@ -351,7 +351,7 @@ var monoStart = time.Now()
 func (s *slot) watch(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	limit := s.cl.cfg.answerTimeout
-	t := time.NewTicker(min(limit/4, time.Second))
+	t := time.NewTicker(max(min(limit/4, time.Second), time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -516,7 +516,7 @@ func (s *slot) failUnsent(err error) {
 	for c != nil {
 		next := c.next
 		c.next = nil
-		if (c.internal || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) ||
+		if (c.internal || c.kind == 'R' || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) ||
 			c.kind == 'R' && (c.resent || c.internal) && s.hold(c) {
 			c = next
 			continue
@@ -758,7 +758,9 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 	out := w.out[:0]
 	s.mu.Lock()
 	for _, c := range w.batch {
-		if !c.internal && c.state.Load() == stAbandoned {
+		// An acquire its caller gave up on is not sent; a release is, as
+		// its caller wants the lock released whether or not it waits.
+		if !c.internal && c.kind != 'R' && c.state.Load() == stAbandoned {
 			putCall(c)
 			continue
 		}
