@@ -372,7 +372,9 @@ func (cl *Client) AcquireFunc(key string, lease, wait time.Duration, fn func(Loc
 
 // ReleaseFunc is Release in the manner of AcquireFunc: it queues the release
 // of l and returns at once, and fn gets the outcome Release would return,
-// under the same rules.
+// under the same rules, but one: a release held for the next connection
+// after a break that fails at the lock's Deadline, with no connection up by
+// then, reaches fn on a timer's goroutine (at Close, on Close's).
 func (cl *Client) ReleaseFunc(l Lock, fn func(error)) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil func", ErrInvalid)
