@@ -517,7 +517,7 @@ func (s *slot) failUnsent(err error) {
 		next := c.next
 		c.next = nil
 		if (c.internal || c.kind == 'R' || c.state.Load() != stAbandoned) && !s.cl.closed.Load() && s.cl.submit(c, s) ||
-			c.kind == 'R' && (c.resent || c.internal) && s.hold(c) {
+			c.kind == 'R' && (c.resent || c.internal || c.state.Load() == stAbandoned) && s.hold(c) {
 			c = next
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/client"
+	"github.com/ticketd/ticketd/codec"
 )
 
 // A Release whose connection breaks with it in flight is sent again on the
@@ -79,3 +80,90 @@ func TestTinyAnswerTimeout(t *testing.T) {
 	dial(t, addr, client.WithConns(1), client.WithAnswerTimeout(3))
 	time.Sleep(50 * time.Millisecond)
 }
+
+// doneCtx: Err is nil at Release's first look, Done is already closed, so
+// the release is queued and its caller gives up at once (deterministic
+// abandonment right after the push).
+type doneCtx struct {
+	context.Context
+	ch   chan struct{}
+	once sync.Once
+	n    int
+	mu   sync.Mutex
+}
+
+func (c *doneCtx) Done() <-chan struct{} { return c.ch }
+func (c *doneCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	if c.n == 1 {
+		return nil
+	}
+	return context.Canceled
+}
+
+// A Release queued but not yet written when its connection ends (here an
+// E line read in the same batch as the grant: the connection writes
+// nothing more), whose caller has given up, is held for the next
+// connection when no other is up, as ReleaseNoWait's is; failed instead,
+// with nobody to tell, it left the lock held to the end of its lease.
+func TestAbandonedUnsentReleaseIsHeld(t *testing.T) {
+	for _, noWait := range []bool{true, false} {
+		t.Run(fmt.Sprintf("noWait=%v", noWait), func(t *testing.T) { abandonedUnsent(t, noWait) })
+	}
+}
+
+func abandonedUnsent(t *testing.T, noWait bool) {
+	var mu sync.Mutex
+	conns := 0
+	seen := make(chan []string, 8)
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+		mu.Lock()
+		conns++
+		n := conns
+		mu.Unlock()
+		for f := readFields(t, r); f != nil; f = readFields(t, r) {
+			switch {
+			case f[0] == "A" && n == 1:
+				b := fmt.Appendf(nil, "A 5 %s %s\n", f[1], f[2])
+				b = codec.AppendError(b, codec.ErrUnavailable)
+				nc.Write(b)
+				time.Sleep(50 * time.Millisecond)
+				return
+			case f[0] == "R":
+				seen <- f
+				fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+			}
+		}
+	})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(200*time.Millisecond, 200*time.Millisecond))
+	queued := make(chan error, 1)
+	err := cl.AcquireFunc("k", time.Minute, 0, func(l client.Lock, err error) {
+		if err != nil {
+			queued <- err
+			return
+		}
+		// On the reader, after it set ending for the E line: the release
+		// stays queued for failUnsent.
+		if noWait {
+			queued <- cl.ReleaseNoWait(l)
+		} else {
+			queued <- cl.Release(&doneCtx{Context: context.Background(), ch: closedCh()}, l)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-queued
+	select {
+	case f := <-seen:
+		if !slices.Equal(f, []string{"R", "5", "k"}) {
+			t.Fatalf("next connection read %q", f)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the release, queued when its connection ended and abandoned by its caller, was never sent")
+	}
+}
+
+func closedCh() chan struct{} { c := make(chan struct{}); close(c); return c }
