@@ -364,9 +364,9 @@ const lingerFor = 5 * time.Second
 // everything the write side is shut (the client reads to the end, then
 // EOF), and it is closed when the client closes its side or lingerFor has
 // passed. It is woken every parkedEvery meanwhile. Its queued acquires
-// are withdrawn at once (Closed), as nothing more is read from it; what is
-// posted to it until the write side is shut goes out first, and nothing is
-// taken after. Loop only.
+// are withdrawn at once (Closed), as nothing more is read from it, and its
+// mailbox is sealed: what was posted to it goes out, and a later post is
+// refused (a grant's release given back). Loop only.
 func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 	s := h.s
 	if c.end == nil {
@@ -376,28 +376,30 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 		_ = resumeRead(c.epfd, gc.Fd(), gc.OutboundBuffered() > 0)
 		c.told = true
 		s.cfg.Backend.Closed(c)
-	}
-	if n := gc.InboundBuffered(); n > 0 {
-		_, _ = gc.Discard(n)
-	}
-	if !c.shut && gc.OutboundBuffered() == 0 {
+		// What was posted until now goes out; nothing is taken after it,
+		// so no mailbox is left for Stop to wait on.
 		outp := s.outPool.Get().(*[]byte)
 		out := c.seal((*outp)[:0])
-		action, wrote := gnet.None, len(out) > 0
+		action := gnet.None
 		switch {
 		case c.late != nil && !c.renewLate():
 			h.unwritten(out)
 			action = gnet.Close
-		case wrote:
+		case len(out) > 0:
 			if _, err := gc.Write(out); err != nil {
 				h.unwritten(out) // gnet closed the connection, and OnClose has run
 			}
 		}
 		*outp = out[:0]
 		s.outPool.Put(outp)
-		if action != gnet.None || wrote {
-			return action // shut once what was written has gone
+		if action != gnet.None {
+			return action
 		}
+	}
+	if n := gc.InboundBuffered(); n > 0 {
+		_, _ = gc.Discard(n)
+	}
+	if !c.shut && gc.OutboundBuffered() == 0 {
 		c.shut = true
 		if shutWrite(gc.Fd()) != nil {
 			return gnet.Close

@@ -47,10 +47,9 @@ func (b *byeBackend) Closed(*Conn)          { b.closed.Add(1) }
 func (*byeBackend) Orphaned(uint64, []byte) {}
 func (b *byeBackend) Queued(*Conn) int      { return int(b.queued.Load()) }
 
-// A connection the Backend closes lingers: its mailbox is sealed once the
-// write side is shut (what was posted before goes out first), so a post
-// after that is refused, and Stop does not wait on it for the whole of
-// its deadline.
+// A connection the Backend closes lingers: its mailbox is sealed when the
+// linger starts (what it held goes out first), so a post after that is
+// refused, and Stop does not wait on it for the whole of its deadline.
 func TestLingeringConnectionTakesNothingAfterItsEnd(t *testing.T) {
 	b := &byeBackend{}
 	s, addr := startServer(t, Config{Backend: b})

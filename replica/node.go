@@ -1346,13 +1346,19 @@ func (n *Node) balanceLoop() {
 		due = due[:0]
 		for _, g := range n.grps {
 			want := n.preferred(g)
-			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID {
+			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID || !n.mayHandBack(g, want, time.Now()) {
+				g.handBackSkips.Store(0) // a new episode starts with its own tries
 				continue
 			}
 			// A transfer drops proposals until it completes or an election
 			// timeout passes, twice at most (see transfer): one hand-back
-			// per shard per 5s at most, longer after skips (handBack).
-			if n.mayHandBack(g, want, time.Now()) && time.Since(g.transferAt) > handBackEvery<<g.handBackSkips.Load() {
+			// per shard per 5s at most, 5, 10 and 20 s after the tries
+			// handBack left.
+			wait := handBackEvery
+			if k := g.handBackSkips.Load(); k > 1 {
+				wait <<= k - 1
+			}
+			if time.Since(g.transferAt) > wait {
 				g.transferAt = time.Now()
 				due = append(due, g)
 			}
