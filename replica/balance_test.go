@@ -53,3 +53,45 @@ func TestMayHandBack(t *testing.T) {
 		t.Fatal("not handed back after handBackAfter")
 	}
 }
+
+// Only the message stream tells whether a peer is in reach: a snapshot
+// stream that fails while messages flow does not make it unreachable, and
+// one that succeeds while they do not does not make it reachable again
+// (its reap, and transfers to it, go by the message stream).
+func TestReachFollowsTheMessageStream(t *testing.T) {
+	const addr = "127.0.0.1:7002"
+	n := &Node{reach: map[string]bool{}, reachSince: map[string]time.Time{}, reconnected: map[string]bool{}, downSince: map[string]time.Time{}}
+	n.setReach(addr, true, false)
+	n.setReach(addr, false, true) // a snapshot stream fails
+	if !n.reach[addr] {
+		t.Fatal("a failed snapshot stream made the peer unreachable")
+	}
+	n.setReach(addr, false, false) // the message stream fails
+	n.downSince[addr] = time.Now().Add(-time.Minute)
+	n.setReach(addr, true, true) // a snapshot stream succeeds
+	if n.reach[addr] || !n.downFor(addr, time.Second) {
+		t.Fatal("a snapshot stream that succeeded made the peer reachable while its messages do not flow")
+	}
+	n.setReach(addr, true, false)
+	if !n.reach[addr] || n.downFor(addr, 0) {
+		t.Fatal("the message stream back: the peer is still out of reach")
+	}
+}
+
+// A replace part-way through: shard g has node 4 in node 3's place, the
+// others not yet, so the set all shards agree on is still 1, 2, 3. Node 4,
+// in reach, is no lost node on g (its clients' waiters stay), node 3 is.
+func TestLostByTheShardsOwnMembers(t *testing.T) {
+	n := &Node{reach: map[string]bool{}, downSince: map[string]time.Time{}}
+	m := newMemberSet(map[uint32]string{1: "a:1", 2: "a:2", 3: "a:3"})
+	g := &group{}
+	rs := map[uint32]string{1: "a:1", 2: "a:2", 4: "a:4"}
+	g.replicas.Store(&rs)
+	n.reach["a:4"] = true
+	if n.lostNode(g, m, 4) {
+		t.Error("the new node, a member of the shard and in reach, counts as lost")
+	}
+	if !n.lostNode(g, m, 3) {
+		t.Error("the node the shard replaced does not count as lost")
+	}
+}

@@ -262,6 +262,9 @@ type group struct {
 	// handBackSkips: hand-backs in a row left for a target that had not
 	// shown it caught up (handBack); each doubles the wait to the next.
 	handBackSkips atomic.Int32
+	// replicas: the shard's own voting members (raft address by node id),
+	// as last read by refreshMembers; nil until then.
+	replicas atomic.Pointer[map[uint32]string]
 	lastLeader atomic.Uint64 // the last leader known, never 0 once set (LeaderUpdated only)
 }
 
@@ -777,7 +780,7 @@ var startFault func(i int) error
 
 // retryNotice: the proposer tries a notice that gave up again by itself
 // (false only in a test of a node whose notice has not committed yet).
-var retryNotice = true
+var retryNotice = func() *atomic.Bool { var b atomic.Bool; b.Store(true); return &b }()
 
 // proposer turns what add queued into proposals, up to maxInflight at once;
 // everything queued while they are in flight goes into the next one.
@@ -793,7 +796,7 @@ func (g *group) proposer() {
 		// before its peers, or one that readiness checks keep unused,
 		// would otherwise stay unready until its first request.
 		var again <-chan time.Time
-		if !g.agreed.Load() && g.n.Err() == nil && retryNotice {
+		if !g.agreed.Load() && g.n.Err() == nil && retryNotice.Load() {
 			if changed == nil {
 				changed = g.leaderChanged()
 			}
@@ -808,7 +811,7 @@ func (g *group) proposer() {
 			changed = nil
 		case <-again:
 		}
-		if !g.agreed.Load() && retryNotice {
+		if !g.agreed.Load() && retryNotice.Load() {
 			// Taken before the attempt: a change while it runs wakes the
 			// next wait at once.
 			changed = g.leaderChanged()
@@ -1455,6 +1458,15 @@ func (n *Node) refreshMembers() {
 	if info == nil || len(info.ShardInfoList) != len(n.grps) {
 		return // closed, or a shard not started yet
 	}
+	for _, si := range info.ShardInfoList {
+		if !si.Pending && len(si.Replicas) > 0 && si.ShardID >= 1 && si.ShardID <= uint64(len(n.grps)) {
+			rs := make(map[uint32]string, len(si.Replicas))
+			for id, addr := range si.Replicas {
+				rs[uint32(id)] = addr
+			}
+			n.grps[si.ShardID-1].replicas.Store(&rs)
+		}
+	}
 	var agreed map[uint64]string
 	for _, si := range info.ShardInfoList {
 		if si.Pending || len(si.Replicas) == 0 {
@@ -1574,7 +1586,7 @@ func (n *Node) reapLoop() {
 			var b []byte
 			count := uint64(0)
 			for node, conn := range most {
-				if addr, member := m.addrs[node]; member && !n.downFor(addr, lostAfter*n.opt.UnavailableTimeout) {
+				if !n.lostNode(g, m, node) {
 					continue
 				}
 				// The connections seen, of every incarnation up to theirs:
@@ -1584,7 +1596,7 @@ func (n *Node) reapLoop() {
 				b = appendCommand(b, &shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: node, Conn: below}})
 				count++
 				n.log.Warn("withdrawing the queued acquires of a node out of reach",
-					zap.Int("shard", g.idx), zap.Uint32("lost", node), zap.Bool("member", m.addrs[node] != ""))
+					zap.Int("shard", g.idx), zap.Uint32("lost", node), zap.Bool("member", g.members(m)[node] != ""))
 			}
 			if count == 0 {
 				continue
@@ -1597,6 +1609,24 @@ func (n *Node) reapLoop() {
 			}()
 		}
 	})
+}
+
+// members is the shard's own voting members where known, else the set all
+// shards agree on: while a replace is part-way through, that set still
+// lacks the new node, a member of the shards done already.
+func (g *group) members(m *memberSet) map[uint32]string {
+	if rs := g.replicas.Load(); rs != nil {
+		return *rs
+	}
+	return m.addrs
+}
+
+// lostNode tells whether reapLoop withdraws node's queued acquires on g: it
+// is no member of the shard, or it has been out of reach for lostAfter
+// unavailable timeouts.
+func (n *Node) lostNode(g *group, m *memberSet, node uint32) bool {
+	addr, member := g.members(m)[node]
+	return !member || n.downFor(addr, lostAfter*n.opt.UnavailableTimeout)
 }
 
 // LeaderUpdated implements raftio.IRaftEventListener.
@@ -2442,6 +2472,11 @@ func (n *Node) ConnectionFailed(info raftio.ConnectionInfo) {
 	n.setReach(info.Address, false, info.SnapshotConnection)
 }
 func (n *Node) setReach(addr string, ok, snapshot bool) {
+	if snapshot {
+		// A snapshot's stream can fail while messages flow, and succeed
+		// while they do not: only the message stream tells.
+		return
+	}
 	n.mu.Lock()
 	if ok && !n.reach[addr] {
 		n.reconnected[addr] = !n.reachSince[addr].IsZero()
@@ -2449,9 +2484,7 @@ func (n *Node) setReach(addr string, ok, snapshot bool) {
 	}
 	if ok {
 		delete(n.downSince, addr)
-	} else if _, down := n.downSince[addr]; !down && !snapshot {
-		// A snapshot's stream can fail while messages flow: only the
-		// message stream says the node is down.
+	} else if _, down := n.downSince[addr]; !down {
 		n.downSince[addr] = time.Now()
 	}
 	n.reach[addr] = ok

@@ -284,8 +284,8 @@ func TestEarlierDataDirReplaysUnderItsPinnedLimits(t *testing.T) {
 // limits: it was started with the cluster's of its time, and stopping it
 // for a change made while it ran would leave the cluster without it.
 func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
-	retryNotice = false
-	defer func() { retryNotice = true }()
+	retryNotice.Store(false)
+	defer retryNotice.Store(true)
 	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
 	c.start(0)
 	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
