@@ -387,7 +387,12 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 			action = gnet.Close
 		case len(out) > 0:
 			if _, err := gc.Write(out); err != nil {
-				h.unwritten(out) // gnet closed the connection, and OnClose has run
+				// gnet closed the connection, and OnClose has run: its
+				// descriptor may be another's by now.
+				h.unwritten(out)
+				*outp = out[:0]
+				s.outPool.Put(outp)
+				return gnet.None
 			}
 		}
 		*outp = out[:0]

@@ -258,13 +258,13 @@ type group struct {
 	// goes back only once it has reconnected since, or after handBackAfter
 	// (leadership lost some other way, with the node up). A time.Now, like
 	// the reconnection it is compared with: both on the monotonic clock.
-	handedAt   atomic.Pointer[time.Time]
+	handedAt atomic.Pointer[time.Time]
 	// handBackSkips: hand-backs in a row left for a target that had not
 	// shown it caught up (handBack); each doubles the wait to the next.
 	handBackSkips atomic.Int32
 	// replicas: the shard's own voting members (raft address by node id),
 	// as last read by refreshMembers; nil until then.
-	replicas atomic.Pointer[map[uint32]string]
+	replicas   atomic.Pointer[map[uint32]string]
 	lastLeader atomic.Uint64 // the last leader known, never 0 once set (LeaderUpdated only)
 }
 
@@ -2472,9 +2472,10 @@ func (n *Node) ConnectionFailed(info raftio.ConnectionInfo) {
 	n.setReach(info.Address, false, info.SnapshotConnection)
 }
 func (n *Node) setReach(addr string, ok, snapshot bool) {
-	if snapshot {
-		// A snapshot's stream can fail while messages flow, and succeed
-		// while they do not: only the message stream tells.
+	if snapshot && !ok {
+		// A snapshot's stream can fail while messages flow. One that
+		// connects counts: it resets the circuit breaker the message
+		// stream shares, whose reconnection then goes unreported.
 		return
 	}
 	n.mu.Lock()

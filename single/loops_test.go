@@ -367,7 +367,7 @@ func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
 	h, w, a, x := g.dial(), g.dial(), g.dial(), g.dial()
 	h.acquire("h", k, 1000)
 	w.send("A w " + k + " 1000 60000") // a lease the ceiling covers already: the timer loop writes nothing
-	time.Sleep(50 * time.Millisecond)   // queued
+	time.Sleep(50 * time.Millisecond)  // queued
 	posted := make(chan struct{})
 	var once sync.Once
 	g.setDeliver(func(an *shard.Answer, _ []byte) bool {
