@@ -189,7 +189,9 @@ func (c *Conn) takeMail(out []byte) (_ []byte, last bool) {
 		}
 		c.inflight -= c.mailN
 		c.s.late.Add(int64(c.mailN))
-		if cap(c.mail) > 64<<10 { // one burst must not pin large buffers
+		if cap(c.mail) > keepMail || cap(c.grants) > keepGrants || cap(c.keys) > keepMail {
+			// A burst must not stay pinned to a connection that goes
+			// quiet after it: idle ones cost about 1 KiB each.
 			c.mail, c.grants, c.keys = nil, nil, nil
 		} else {
 			c.mail, c.grants, c.keys = c.mail[:0], c.grants[:0], c.keys[:0]
@@ -199,6 +201,14 @@ func (c *Conn) takeMail(out []byte) (_ []byte, last bool) {
 	c.mu.Unlock()
 	return out, last
 }
+
+// keepMail and keepGrants bound the mailbox capacity a connection keeps
+// once it is emptied: a few answers' worth, so that steady late answers
+// (hand-overs, one or two at a time) reuse it without allocating.
+const (
+	keepMail   = 512
+	keepGrants = 16
+)
 
 // seal is takeMail for a connection about to close with an E line of its
 // own (a bad frame): what was posted until now goes out before the line,
