@@ -322,18 +322,11 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		_, _ = gc.Discard(consumed)
 	}
 	buf = nil
-	if c.late != nil && !c.renewLate() {
-		h.unwritten(out)
-		return gnet.Close
+	if a, ok := h.send(c, gc, out); !ok {
+		return a
 	}
-	if len(out) > 0 {
-		if _, err := gc.Write(out); err != nil {
-			h.unwritten(out)
-			return gnet.None // gnet closed the connection, and OnClose has run
-		}
-		if s.cfg.Latency != nil {
-			s.cfg.Latency.Observe(time.Since(start).Seconds())
-		}
+	if len(out) > 0 && s.cfg.Latency != nil {
+		s.cfg.Latency.Observe(time.Since(start).Seconds())
 	}
 	if action == gnet.Close {
 		return h.linger(c, gc)
@@ -390,25 +383,11 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 		// so no mailbox is left for Stop to wait on.
 		outp := s.outPool.Get().(*[]byte)
 		out := c.seal((*outp)[:0])
-		action := gnet.None
-		switch {
-		case c.late != nil && !c.renewLate():
-			h.unwritten(out)
-			action = gnet.Close
-		case len(out) > 0:
-			if _, err := gc.Write(out); err != nil {
-				// gnet closed the connection, and OnClose has run: its
-				// descriptor may be another's by now.
-				h.unwritten(out)
-				*outp = out[:0]
-				s.outPool.Put(outp)
-				return gnet.None
-			}
-		}
+		a, ok := h.send(c, gc, out)
 		*outp = out[:0]
 		s.outPool.Put(outp)
-		if action != gnet.None {
-			return action
+		if !ok {
+			return a // a closed descriptor may be another's by now: touch it no more
 		}
 	}
 	if n := gc.InboundBuffered(); n > 0 {
@@ -424,6 +403,23 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 		return gnet.Close
 	}
 	return gnet.None
+}
+
+// send writes out to c, the late grants among it renewed first. If not ok,
+// the caller returns a at once: the Backend failed (close, the grants given
+// back), or the write did (gnet closed the connection, and OnClose has run).
+func (h *handler) send(c *Conn, gc gnet.Conn, out []byte) (a gnet.Action, ok bool) {
+	if c.late != nil && !c.renewLate() {
+		h.unwritten(out)
+		return gnet.Close, false
+	}
+	if len(out) > 0 {
+		if _, err := gc.Write(out); err != nil {
+			h.unwritten(out)
+			return gnet.None, false
+		}
+	}
+	return gnet.None, true
 }
 
 // unwritten gives back the grants among out, answers that a failed write

@@ -89,8 +89,9 @@ func (o *Outbox) Flush(mb Mailboxes, orphan func(Grant)) {
 				orphan(g)
 			}
 		}
-		clear(o.gs)             // no key outlives this flush through the scratch
-		if cap(co.b) > 64<<10 || cap(co.grants) > 4096 || cap(co.keys) > 64<<10 { // one burst must not pin large buffers
+		clear(o.gs) // no key outlives this flush through the scratch
+		// One burst must not pin large buffers.
+		if cap(co.b) > 64<<10 || cap(co.grants) > 4096 || cap(co.keys) > 64<<10 {
 			co.b, co.grants, co.keys = nil, nil, nil
 		}
 		co.b, co.n, co.grants, co.keys = co.b[:0], 0, co.grants[:0], co.keys[:0]

@@ -755,6 +755,19 @@ func TestReplaceEndsWhenItsNodeStops(t *testing.T) {
 
 // leads waits until every shard has a leader that knows it leads, and
 // returns, per shard, the slot of that node.
+// waitLeads waits until shard i is led by node slot want[i], for within at
+// most (balanceLoop spreads leadership).
+func (c *testCluster) waitLeads(want []int, within time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for !slices.Equal(c.leads(), want) {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("leadership not spread: %v", c.leads())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func (c *testCluster) leads() []int {
 	c.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -785,13 +798,7 @@ func TestClusterCleanStopHandsLeadershipOver(t *testing.T) {
 	const shards = 6
 	c := newTestCluster(t, shards)
 	// Wait for balanceLoop to spread leadership: shard i prefers node i mod 3.
-	deadline := time.Now().Add(15 * time.Second)
-	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("leadership not spread: %v", c.leads())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	c.waitLeads([]int{0, 1, 2, 0, 1, 2}, 15*time.Second)
 	keys := make([]string, shards) // a key on each shard
 	for i := 0; slices.Contains(keys, ""); i++ {
 		k := fmt.Sprintf("k%d", i)
@@ -846,7 +853,7 @@ func TestClusterCleanStopHandsLeadershipOver(t *testing.T) {
 
 	// Back, it leads its shards again.
 	c.start(0)
-	deadline = time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2}) {
 		if time.Now().After(deadline) {
 			t.Fatalf("leadership not given back: %v", c.leads())

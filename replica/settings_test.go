@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -332,13 +331,7 @@ func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
 func TestNodeStoppingForItsSettingsHandsLeadershipOver(t *testing.T) {
 	const shards = 6
 	c := newTestClusterWith(t, shards, func(o *Options) { o.ElectionRTT = 200 })
-	deadline := time.Now().Add(20 * time.Second)
-	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("leadership not spread: %v", c.leads())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	c.waitLeads([]int{0, 1, 2, 0, 1, 2}, 20*time.Second)
 	n := c.nodes[0]
 	n.mismatch(n.grps[0], settings{shards: shards, limits: limits{MaxKeys: 1}}, 2)
 	// As ticketd's abort does: no more requests, then close.

@@ -21,13 +21,7 @@ import (
 // campaign again; and their requests are answered.
 func TestTransferHoldsOwnDroppedProposals(t *testing.T) {
 	c := newTestCluster(t, 3)
-	deadline := time.Now().Add(15 * time.Second)
-	for !slices.Equal(c.leads(), []int{0, 1, 2}) { // shard i on node i+1
-		if time.Now().After(deadline) {
-			t.Fatalf("leadership not spread: %v", c.leads())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	c.waitLeads([]int{0, 1, 2}, 15*time.Second) // shard i on node i+1
 	c.stop(2)
 	n, g := c.nodes[0], c.nodes[0].grps[0]
 	var keys []string
@@ -104,13 +98,7 @@ func TestClusterHandOverUnderLoadWithinElectionTimeout(t *testing.T) {
 		// under the race detector (eight ticks and one by default).
 		o.quiesceMax, o.quietFor = time.Second, 50*time.Millisecond
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for !slices.Equal(c.leads(), []int{0, 1, 2, 0, 1, 2, 0, 1, 2}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("leadership not spread: %v", c.leads())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	c.waitLeads([]int{0, 1, 2, 0, 1, 2, 0, 1, 2}, 30*time.Second)
 	// Pairs on nodes 2 and 3, on every shard: node 1's shards take
 	// proposals forwarded from both all the time.
 	stop := make(chan struct{})
@@ -229,13 +217,7 @@ func TestHandOverNoticeHoldsProposals(t *testing.T) {
 // without a retry, and goes to the node once it has caught up.
 func TestHandBackWaitsForTheTargetToCatchUp(t *testing.T) {
 	c := newTestCluster(t, 3)
-	deadline := time.Now().Add(15 * time.Second)
-	for !slices.Equal(c.leads(), []int{0, 1, 2}) { // shard i on node i+1
-		if time.Now().After(deadline) {
-			t.Fatalf("leadership not spread: %v", c.leads())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	c.waitLeads([]int{0, 1, 2}, 15*time.Second) // shard i on node i+1
 	n1, n3 := c.nodes[0], c.nodes[2]
 	if moved, _ := n3.transfer(n3.stop, []*group{n3.grps[2]}, func(*group) uint32 { return 1 }, time.Now().Add(n3.transferTime())); moved != 1 {
 		t.Fatal("shard 2 not moved to node 1")
@@ -349,12 +331,7 @@ func TestQuiesceRetriesDroppedTimeouts(t *testing.T) {
 	h.send("A h k 60000 0")
 	h.expect("A 1 h k")
 	w.send("A w k 60000 60000")
-	queued := func() int {
-		f := g.fsm.Load()
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return len(f.t.Waiting(1, nil))
-	}
+	queued := func() int { return waitingOf(g, 1) }
 	for deadline := time.Now().Add(10 * time.Second); queued() == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("w's acquire not queued")

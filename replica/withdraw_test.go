@@ -59,12 +59,7 @@ func TestGivenUpWithdrawIsProposedAgain(t *testing.T) {
 	h.expect("A 1 h k")
 	w.send("A w k 60000 60000")
 	n3 := c.nodes[2]
-	queued := func() int {
-		f := n3.grps[0].fsm.Load()
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return len(f.t.Waiting(3, nil))
-	}
+	queued := func() int { return waitingOf(n3.grps[0], 3) }
 	for deadline := time.Now().Add(10 * time.Second); queued() == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("w's acquire not queued")
@@ -95,4 +90,13 @@ func TestGivenUpWithdrawIsProposedAgain(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// waitingOf is how many acquires of node wait in g's queues, as g's replica
+// on this node has applied them.
+func waitingOf(g *group, node uint32) int {
+	f := g.fsm.Load()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.t.Waiting(node, nil))
 }

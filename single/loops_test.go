@@ -195,6 +195,23 @@ func (g *rig) slowTenMinuteCeiling() *atomic.Bool {
 	return &slow
 }
 
+// grantedOnlyAfter queues x on key behind its holder and checks that x is
+// granted only once lease has passed since answered, the time the holder
+// counts its lease from.
+func (g *rig) grantedOnlyAfter(x *client, key string, answered int64, lease time.Duration) {
+	g.t.Helper()
+	x.send("A x " + key + " 1000 7200000")
+	time.Sleep(50 * time.Millisecond) // queued
+	g.clock.Advance(time.Duration(answered + int64(lease) - int64(time.Millisecond) - g.clock.now()))
+	_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if line, err := x.r.ReadString('\n'); err == nil {
+		g.t.Fatalf("%q %v after the holder's answer, while it (lease %v from its answer) still held %s",
+			line, time.Duration(g.clock.now()-answered), lease, key)
+	}
+	g.clock.Advance(2 * time.Millisecond)
+	x.granted("x", key)
+}
+
 // A hand-over whose answer leaves late (here its lease ceiling's synced
 // write takes 5 s) keeps its whole lease from the answer, which is where
 // its holder counts it from: the next waiter is granted only after that.
@@ -214,15 +231,7 @@ func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
 				t.Fatal("the hand-over did not wait for a synced write: the test did not test that")
 			}
 			answered := g.clock.now() // w counts its lease from here
-			x.send("A x k 1000 7200000")
-			time.Sleep(50 * time.Millisecond) // queued
-			g.clock.Advance(time.Duration(answered + int64(600*time.Second) - int64(time.Millisecond) - g.clock.now()))
-			_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-			if line, err := x.r.ReadString('\n'); err == nil {
-				t.Fatalf("%q while w, counting from its answer, still held k", line)
-			}
-			g.clock.Advance(2 * time.Millisecond)
-			x.granted("x", "k")
+			g.grantedOnlyAfter(x, "k", answered, 600*time.Second)
 			if g.r.LateRenewals() == 0 {
 				t.Error("no late renewal counted")
 			}
@@ -244,15 +253,7 @@ func TestLateDirectGrantThatCouldWaitKeepsItsLease(t *testing.T) {
 		t.Fatal("the grant did not wait for a synced write: the test did not test that")
 	}
 	answered := g.clock.now() // w counts its lease from here
-	x.send("A x k 1000 7200000")
-	time.Sleep(50 * time.Millisecond) // queued
-	g.clock.Advance(time.Duration(answered + int64(600*time.Second) - int64(time.Millisecond) - g.clock.now()))
-	_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if line, err := x.r.ReadString('\n'); err == nil {
-		t.Fatalf("%q while w, counting from its answer, still held k", line)
-	}
-	g.clock.Advance(2 * time.Millisecond)
-	x.granted("x", "k")
+	g.grantedOnlyAfter(x, "k", answered, 600*time.Second)
 }
 
 // A hand-over's answer that a later frame of the same batch holds back (its
@@ -292,15 +293,7 @@ func TestHandOverHeldBackByALaterFrameKeepsItsLease(t *testing.T) {
 			if slow.Load() {
 				t.Fatal("no synced write in the batch: the test did not test that")
 			}
-			x.send("A x k 1000 7200000")
-			time.Sleep(50 * time.Millisecond) // queued
-			g.clock.Advance(2*time.Second - time.Millisecond)
-			_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-			if line, err := x.r.ReadString('\n'); err == nil {
-				t.Fatalf("%q %v after w's answer, while w (lease 2 s from its answer) still held k", line, time.Duration(g.clock.now()-answered))
-			}
-			g.clock.Advance(2 * time.Millisecond)
-			x.granted("x", "k")
+			g.grantedOnlyAfter(x, "k", answered, 2*time.Second)
 		})
 	}
 }
@@ -338,15 +331,7 @@ func TestHandOverBehindAnotherConnsSyncedWriteKeepsItsLease(t *testing.T) {
 	if !slow.Load() {
 		t.Fatal("z's synced write did not happen: the test did not test that")
 	}
-	x.send("A x k 1000 7200000")
-	time.Sleep(50 * time.Millisecond) // queued
-	g.clock.Advance(2*time.Second - time.Millisecond)
-	_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if line, err := x.r.ReadString('\n'); err == nil {
-		t.Fatalf("%q %v after w's answer, while w (lease 2 s from its answer) still held k", line, time.Duration(g.clock.now()-answered))
-	}
-	g.clock.Advance(2 * time.Millisecond)
-	x.granted("x", "k")
+	g.grantedOnlyAfter(x, "k", answered, 2*time.Second)
 }
 
 // A hand-over that the timer loop decides (a lease ends) while the event
@@ -402,15 +387,7 @@ func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
 	if !slow.Load() {
 		t.Fatal("no synced write: the test did not test that")
 	}
-	x.send("A x " + k + " 1000 7200000")
-	time.Sleep(50 * time.Millisecond) // queued
-	g.clock.Advance(time.Second - time.Millisecond)
-	_ = x.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if line, err := x.r.ReadString('\n'); err == nil {
-		t.Fatalf("%q %v after w's answer, while w (lease 1 s from its answer) still held k", line, time.Duration(g.clock.now()-answered))
-	}
-	g.clock.Advance(2 * time.Millisecond)
-	x.granted("x", k)
+	g.grantedOnlyAfter(x, k, answered, time.Second)
 	if g.r.LateRenewals() == 0 {
 		t.Error("no late renewal counted")
 	}
