@@ -1349,8 +1349,14 @@ func (n *Node) balanceLoop() {
 		due = due[:0]
 		for _, g := range n.grps {
 			want := n.preferred(g)
-			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID || !n.mayHandBack(g, want, time.Now()) {
-				g.handBackSkips.Store(0) // a new episode starts with its own tries
+			if g.leader.Load() != uint64(n.opt.NodeID) || want == n.opt.NodeID || !n.reachable(want) {
+				// A new episode (the target back in reach, or this
+				// node leading again) starts with its own tries; a
+				// settle or hand-over pause is none.
+				g.handBackSkips.Store(0)
+				continue
+			}
+			if !n.mayHandBack(g, want, time.Now()) {
 				continue
 			}
 			// A transfer drops proposals until it completes or an election
