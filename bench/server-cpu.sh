@@ -53,7 +53,7 @@ for r in $(seq "$rounds"); do
 	for k in "${!pids[@]}"; do
 		read -r u0 s0 < <(ticks "${pids[$k]}")
 		out=$("$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" \
-			-duration "${secs}s" -warmup 0 -quiet 2>&1 | grep -E '^(window|latency)')
+			-duration "${secs}s" -warmup "${WARMUP:-0}s" -quiet 2>&1 | grep -E '^(window|latency)')
 		read -r u1 s1 < <(ticks "${pids[$k]}")
 		pairs=$(sed -n 's/.*(\([0-9]*\) granted.*/\1/p' <<<"$out")
 		rate=$(sed -n 's/^window [^:]*: \([0-9,]*\) pairs.*/\1/p' <<<"$out" | tr -d ,)

@@ -215,33 +215,43 @@ func TestTimeoutsDoNotAllocate(t *testing.T) {
 }
 
 // The timeout sweep walks every connection from its own goroutine; with one
-// P it must let the event loop run while it walks, not hold the P for the
-// whole registry (milliseconds at tens of thousands of connections).
+// P it must let the event loop run while it walks a large registry, not
+// hold the P for the whole walk (milliseconds at tens of thousands of
+// connections), and must not yield while it walks a small one: with the
+// loop locked to its thread, each yield costs the loop two hand-offs of the
+// P between threads.
 func TestRegistryWalkYieldsToOtherGoroutines(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	var r registry
-	r.init()
-	for id := range uint64(640) {
-		r.put(&Conn{id: id})
-	}
-	var ran atomic.Bool
-	ready := make(chan struct{})
-	go func() {
-		<-ready
-		ran.Store(true)
-	}()
-	close(ready) // runnable, but the P is ours until we yield
-	walked, sawRun := 0, false
-	r.each(func(*Conn) {
-		walked++
-		if walked == 640 {
-			sawRun = ran.Load()
+	for _, tc := range []struct {
+		conns  int
+		yields bool
+	}{{50, false}, {3 * eachYield, true}} {
+		var r registry
+		r.init()
+		for id := range uint64(tc.conns) {
+			r.put(&Conn{id: id})
 		}
-	})
-	if walked != 640 {
-		t.Fatalf("walked %d connections, want 640", walked)
-	}
-	if !sawRun {
-		t.Fatal("a runnable goroutine did not run during the walk")
+		var ran atomic.Bool
+		ready, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			<-ready
+			ran.Store(true)
+			close(done)
+		}()
+		close(ready) // runnable, but the P is ours until we yield
+		walked, sawRun := 0, false
+		r.each(func(*Conn) {
+			walked++
+			if walked == tc.conns {
+				sawRun = ran.Load()
+			}
+		})
+		<-done
+		if walked != tc.conns {
+			t.Fatalf("walked %d connections, want %d", walked, tc.conns)
+		}
+		if sawRun != tc.yields {
+			t.Errorf("%d connections: a runnable goroutine ran during the walk: %v, want %v", tc.conns, sawRun, tc.yields)
+		}
 	}
 }
