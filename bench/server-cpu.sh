@@ -11,10 +11,12 @@
 #   bench/server-cpu.sh ROUNDS SECONDS TICKETD... > out.txt
 #   DEPTH=1 REDIS=$(command -v redis-server) bench/server-cpu.sh ROUNDS SECONDS TICKETD...
 #
-# It starts each server with a fresh data dir on its own loopback port, from
-# PORT (default 17960) up, in this script's session as the bench does
-# (OWN_SESSION=1: each in a session of its own, bench/results/sessions.txt),
-# and stops only those.
+# WARMUP=S gives each run S seconds of warm-up (default 0; the bench's runs
+# have 1 s). It starts each server with a fresh data dir on its own loopback
+# port, from PORT (default 17960) up, in this script's session as the bench
+# does (OWN_SESSION=1: each in a session of its own, which at depth 1 about
+# doubles every server's p99: bench/results/sessions.txt), and stops only
+# those.
 set -euo pipefail
 rounds=${1:?rounds}; secs=${2:?seconds}; shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)
