@@ -45,8 +45,9 @@ type Backend interface {
 // past the time the Backend gives the key to the next. RenewLate is called
 // on c's loop right before answers holding gs are written to c, and moves
 // their leases on by the time that passed; false means they must not be
-// written (the Backend has failed), and c is closed instead, its grants
-// given back through Orphaned. gs die when it returns.
+// written (the Backend has failed, or a lease ended before its answer
+// could leave), and c is closed instead, its grants given back through
+// Orphaned. gs die when it returns.
 type LateRenewer interface {
 	RenewLate(c *Conn, gs []Grant) bool
 }

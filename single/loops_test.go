@@ -393,6 +393,63 @@ func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
 	}
 }
 
+// A hand-over whose whole lease passes before its answer can leave (it
+// waits in the mailbox while the loop is in a synced write of 5 s), and
+// whose key is swept meanwhile, is not answered: the key is free, and its
+// holder would count a whole lease from the answer while the next acquire
+// was granted. Its connection is closed instead.
+func TestHandOverLostBeforeItsAnswerLeftClosesItsConnection(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{loops: 1, shards: 2})
+	k, big := keyOf(0, 2), keyOf(1, 2)
+	h, w, a, x := g.dial(), g.dial(), g.dial(), g.dial()
+	h.acquire("h", k, 1000)
+	w.send("A w " + k + " 1000 60000")
+	time.Sleep(50 * time.Millisecond) // queued
+	posted := make(chan struct{})
+	var once sync.Once
+	g.setDeliver(func(an *shard.Answer, _ []byte) bool {
+		if an.Result == shard.Acquired && string(an.Owner) == "w" {
+			once.Do(func() { close(posted) })
+		}
+		return true
+	})
+	var slow atomic.Bool
+	g.store.setSaveErr(func(s state) error {
+		if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(false, true) {
+			g.clock.jump(time.Second) // h's lease ends: the timer loop hands k to w
+			select {
+			case g.r.wake <- struct{}{}:
+			default:
+			}
+			select {
+			case <-posted:
+			case <-time.After(5 * time.Second):
+				t.Error("the timer loop did not hand k over during the synced write")
+			}
+			g.clock.jump(5 * time.Second) // the write takes 5 s: w's 1 s lease passes
+			p := g.r.part([]byte(k))
+			p.mu.Lock()
+			swept := p.t.Sweep(g.clock.now())
+			p.mu.Unlock()
+			if swept != 1 {
+				t.Errorf("the sweep removed %d keys, want w's grant of %s", swept, k)
+			}
+		}
+		return nil
+	})
+	a.send("A a " + big + " 600000 0")
+	a.granted("a", big)
+	if !slow.Load() {
+		t.Fatal("no synced write: the test did not test that")
+	}
+	w.expectClosed()
+	if g.r.LostLateGrants() != 1 {
+		t.Errorf("%d lost hand-overs counted, want 1", g.r.LostLateGrants())
+	}
+	x.send("A x " + k + " 1000 0")
+	x.granted("x", k)
+}
+
 // A clean shutdown releases a grant that could not be delivered before it
 // writes the snapshot, so the restart holds no key under a token nobody
 // received.

@@ -117,7 +117,7 @@ type Runner struct {
 	// burst of grants).
 	syncReserves atomic.Int64
 	renewals     atomic.Int64 // rounds that moved hand-overs' leases on before their answer left (renewLate, RenewLate)
-	lostLate     atomic.Int64 // hand-overs whose answer left after their whole lease (RenewLate)
+	lostLate     atomic.Int64 // hand-overs lost before their answer left (RenewLate)
 
 	failOnce sync.Once
 	failErr  error
@@ -411,8 +411,9 @@ func (r *Runner) SyncReserves() int64 { return r.syncReserves.Load() }
 // hand-overs' leases.
 func (r *Runner) LateRenewals() int64 { return r.renewals.Load() }
 
-// LostLateGrants counts hand-overs whose answer left after their whole
-// lease (RenewLate).
+// LostLateGrants counts hand-overs not answered because their lease passed,
+// and the key was swept or taken over, before their answer could leave
+// (RenewLate): their connections were closed instead.
 func (r *Runner) LostLateGrants() int64 { return r.lostLate.Load() }
 
 // Attach connects the runner to the network side it answers through and
@@ -716,16 +717,20 @@ func (r *Runner) renewLate(p *part, now int64) int64 {
 // connections in the same poll, a synced write on the loop, the time a
 // posted answer waited in the mailbox) delays them. Their leases move on
 // by the time that passed, and the ceiling covers them again, before they
-// leave. A hand-over whose whole lease passed first was expired meanwhile
-// and is not renewed (lostLate); false, once the runner has failed: the
-// ceilings may not be durable, and no grant leaves.
+// leave. False once the runner has failed (the ceilings may not be
+// durable, and no grant leaves), and for a hand-over whose whole lease
+// passed first and that was swept or taken over meanwhile (lostLate):
+// the key may be another's by now, and neither A nor T would be true, so
+// the connection closes instead of answering, its grants given back, as
+// cluster mode answers such a grant E unavailable. A client treats what
+// a closed connection had not answered as failed.
 func (r *Runner) RenewLate(_ *netloop.Conn, gs []netloop.Grant) bool {
 	for {
 		if r.isFailed.Load() {
 			return false
 		}
 		now := r.clock.now()
-		moved := false
+		moved, lost := false, false
 		wrote := r.syncReserves.Load()
 		for i := range gs {
 			g := &gs[i]
@@ -741,8 +746,12 @@ func (r *Runner) RenewLate(_ *netloop.Conn, gs []netloop.Grant) bool {
 				r.coverLeases(p)
 			} else {
 				r.lostLate.Add(1)
+				lost = true
 			}
 			p.mu.Unlock()
+		}
+		if lost {
+			return false
 		}
 		if !moved {
 			return !r.isFailed.Load()

@@ -172,7 +172,7 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 	}
 	if ll, ok := r.(interface{ LostLateGrants() int64 }); ok {
 		c("ticketd_late_grants_lost_total",
-			"Hand-overs whose answer left after their whole lease had passed (a synced write longer than the lease): the key may have gone to the next waiter meanwhile.",
+			"Hand-overs whose lease passed, and whose key was swept or taken over, before their answer could leave (a synced write longer than the lease): not answered, their connections closed instead.",
 			func() float64 { return float64(ll.LostLateGrants()) })
 	}
 	if rd, ok := r.(interface{ Ready() bool }); ok {
