@@ -81,7 +81,9 @@ type fsm struct {
 	// proposer's stamp on the change of limits they came from (0: none, or
 	// one of a ticketd that did not stamp them) (state): a change stamped
 	// no later is a copy retried after a later change, or was made before
-	// it, and is not applied.
+	// it, and is not applied. SetLimits stamps past every change committed
+	// before it (read through the leader), so that one sent through a node
+	// whose clock is behind still comes after them.
 	set       *settings
 	setBy     uint32
 	setAt     int64
@@ -537,8 +539,16 @@ func (f *fsm) copyBytes(b []byte) []byte {
 
 // Lookup implements sm.IConcurrentStateMachine; it is not used for reads of
 // lock state (those go through the log) and answers only diagnostic queries.
+// limitsQuery asks Lookup for the stamp of the shard's last change of
+// limits (fsm.setAt).
+type limitsQuery struct{}
+
 func (f *fsm) Lookup(q interface{}) (interface{}, error) {
-	return nil, errors.New("replica: no lookups")
+	if _, ok := q.(limitsQuery); ok {
+		_, _, at, _ := f.settingsAt()
+		return at, nil
+	}
+	return nil, errors.New("replica: no lookups but limitsQuery")
 }
 
 // PrepareSnapshot captures the state under the mutual exclusion Dragonboat

@@ -1019,10 +1019,33 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 		return err
 	}
 	defer leave()
+	// Applied to a shard without settings, a change would become its
+	// first, skipping shard 0's rule (see announce) and carrying this
+	// node's skew: only once every shard has agreed with this node.
+	if waiting := n.awaitAgreed(ctx); len(waiting) > 0 {
+		if err := n.Err(); err != nil {
+			return fmt.Errorf("this node is stopping: %w", err)
+		}
+		return fmt.Errorf("shards %v have not agreed with this node's settings yet (no quorum, or no leader): run it again", waiting)
+	}
 	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey},
 		skew: int64(n.opt.MaxClockSkew)}
 	body := appendSettings(nil, set)
+	// Later than every change committed before this one, whatever the
+	// clocks that stamped them: sent through a node whose clock is behind
+	// the last change's sender, a change stamped by its clock alone looked
+	// older than that one and was not applied. Concurrent changes are
+	// still ordered alike on every shard, by their stamps.
 	stamp := n.now()
+	for _, g := range n.grps {
+		at, err := g.limitsStamp(ctx)
+		if err != nil {
+			return fmt.Errorf("shard %d: cannot read its last change of limits (%v): run it again", g.idx, err)
+		}
+		if at >= stamp {
+			stamp = at + 1
+		}
+	}
 	ok := make([]bool, len(n.grps))
 	var wg sync.WaitGroup
 	for i, g := range n.grps {
@@ -1048,6 +1071,63 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 		return fmt.Errorf("the limits of shards %v did not change (no quorum, or changed again meanwhile): run it again", failed)
 	}
 	return nil
+}
+
+// awaitAgreed asks every shard that has not agreed with this node's
+// settings to announce them, and waits until all have, the unavailable
+// timeout has passed, ctx is done or the node stops. It returns the shards
+// that have not.
+func (n *Node) awaitAgreed(ctx context.Context) []int {
+	t := time.NewTimer(n.opt.UnavailableTimeout)
+	defer t.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var waiting []int
+		for _, g := range n.grps {
+			if !g.agreed.Load() {
+				waiting = append(waiting, g.idx)
+				g.kickNow()
+			}
+		}
+		if len(waiting) == 0 {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-t.C:
+			return waiting
+		case <-ctx.Done():
+			return waiting
+		case <-n.failed:
+			return waiting
+		case <-n.stop:
+			return waiting
+		}
+	}
+}
+
+// limitsStamp reads the stamp of the last change of limits committed on
+// g's shard, through a read index (its leader's commit index, applied
+// here first), retrying until the unavailable timeout.
+func (g *group) limitsStamp(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.n.opt.UnavailableTimeout)
+	defer cancel()
+	for {
+		try, done := context.WithTimeout(ctx, g.n.opt.LeaderlessTimeout)
+		v, err := g.n.nh.SyncRead(try, g.id, limitsQuery{})
+		done()
+		if err == nil {
+			return v.(int64), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-g.n.stop:
+			return 0, errStopping
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // restamp stamps h for an attempt to propose it with now, but for a change

@@ -513,3 +513,99 @@ func TestLeaderEndsLeasesByTheShardsSkewOnceAgreed(t *testing.T) {
 		t.Errorf("once the node found it must stop, %d expiries proposed", e)
 	}
 }
+
+// A change of limits sent through a node whose clock is behind the last
+// change's sender comes after that change: stamped by its own clock alone,
+// it looked older and was not applied.
+func TestLimitsChangeThroughANodeWhoseClockIsBehind(t *testing.T) {
+	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.MaxClockSkew = 5 * time.Second })
+	cluster := c.opt
+	c.opt.Clock = func() int64 { return time.Now().Add(2 * time.Second).UnixNano() }
+	c.start(0) // 2s ahead of the others
+	c.opt = cluster
+	c.start(1)
+	c.start(2)
+	c.waitReady()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.nodes[0].SetLimits(ctx, 200, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.nodes[1].SetLimits(ctx, 300, 0, 0); err != nil {
+		t.Fatalf("a change through a node whose clock is behind the last change's sender: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i, n := range c.nodes {
+		for _, g := range n.grps {
+			for {
+				set, _, _ := g.fsm.Load().settings()
+				if set.MaxKeys == 300 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("node %d, shard %d: %s, want --max-keys 300", i+1, g.idx, set)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	c.checkReplicasAgree()
+}
+
+// A change of limits waits until every shard has agreed with its node's
+// settings, asking them to announce them if they have not (here they gave
+// up without a quorum, and are not tried again by themselves). Applied
+// where no settings were yet, a change became that shard's first, skipping
+// shard 0's rule: sent in a new cluster's first moment through a node
+// started with another skew than the cluster's, it fixed that skew on the
+// shard, and every other node stopped there. A node whose every shard has
+// agreed sends no change to a shard without settings.
+func TestLimitsChangeWaitsForItsNodesSettingsToAgree(t *testing.T) {
+	retryNotice.Store(false)
+	defer retryNotice.Store(true)
+	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
+	c.start(0)
+	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
+	c.start(1)
+	c.start(2)
+	c.waitReadyExcept(0)
+	for _, g := range c.nodes[0].grps {
+		if g.agreed.Load() {
+			t.Fatalf("shard %d agreed on node 1 without a quorum", g.idx)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.nodes[0].SetLimits(ctx, 50, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range c.nodes[0].grps {
+		if !g.agreed.Load() {
+			t.Errorf("shard %d: the change was sent before the shard agreed with the node's settings", g.idx)
+		}
+		if set, _, _ := g.fsm.Load().settings(); set.MaxKeys != 50 {
+			t.Errorf("shard %d runs with %s, want --max-keys 50", g.idx, set)
+		}
+	}
+	grantVia(c, 0, "o", "k")
+	c.checkReplicasAgree()
+}
+
+// grantVia asks node i for key until it is granted, on a new connection
+// after an E unavailable (no leader yet, or a hand-back): 5 attempts.
+func grantVia(c *testCluster, i int, owner, key string) {
+	c.t.Helper()
+	for attempt := 1; ; attempt++ {
+		a := c.dial(i)
+		a.send("A " + owner + " " + key + " 60000 0")
+		_ = a.c.SetReadDeadline(time.Now().Add(15 * time.Second))
+		got, err := a.r.ReadString('\n')
+		if f := strings.Fields(got); err == nil && len(f) == 4 && f[0] == "A" && f[2] == owner && f[3] == key {
+			return
+		}
+		if !strings.HasPrefix(got, "E unavailable") || attempt == 5 {
+			c.t.Fatalf("node %d, attempt %d: got %q (%v), want a grant of %s to %s", i+1, attempt, got, err, key, owner)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
