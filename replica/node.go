@@ -178,13 +178,17 @@ type Node struct {
 	useMu    sync.RWMutex
 	useEnded bool
 
-	setMu    sync.Mutex
-	set      settings      // this node's, announced to every shard (under setMu)
-	started  int64         // n.now() at Start: see announce
-	settled  chan struct{} // closed once shard 0 has agreed: see announce
-	failed   chan struct{} // closed when the node must stop: see mismatch
-	failOnce sync.Once
-	failErr  error // set before failed closes
+	setMu sync.Mutex
+	set   settings // this node's, announced to every shard (under setMu)
+	// limitsMu orders this node's changes of limits; lastLimits is the
+	// stamp of its last (see SetLimits).
+	limitsMu   sync.Mutex
+	lastLimits int64
+	started    int64         // n.now() at Start: see announce
+	settled    chan struct{} // closed once shard 0 has agreed: see announce
+	failed     chan struct{} // closed when the node must stop: see mismatch
+	failOnce   sync.Once
+	failErr    error // set before failed closes
 
 	stats nodeStats
 }
@@ -1026,8 +1030,18 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 		if err := n.Err(); err != nil {
 			return fmt.Errorf("this node is stopping: %w", err)
 		}
+		select {
+		case <-n.stop:
+			return errStopping
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		return fmt.Errorf("shards %v have not agreed with this node's settings yet (no quorum, or no leader): run it again", waiting)
 	}
+	n.limitsMu.Lock() // one change at a time from this node: each its own stamp
+	defer n.limitsMu.Unlock()
 	set := settings{shards: n.opt.Shards, limits: limits{MaxKeys: maxKeys, MaxWaiters: maxWaiters, MaxWaitersPerKey: maxWaitersPerKey},
 		skew: int64(n.opt.MaxClockSkew)}
 	body := appendSettings(nil, set)
@@ -1035,17 +1049,20 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	// clocks that stamped them: sent through a node whose clock is behind
 	// the last change's sender, a change stamped by its clock alone looked
 	// older than that one and was not applied. Concurrent changes are
-	// still ordered alike on every shard, by their stamps.
-	stamp := n.now()
+	// still ordered alike on every shard by their stamps, which no two
+	// changes share: each is past this node's last, and its low bits are
+	// this node's id (two equal stamps would let each shard keep whichever
+	// came first there).
+	stamp := max(n.now(), n.lastLimits+1)
 	for _, g := range n.grps {
 		at, err := g.limitsStamp(ctx)
 		if err != nil {
 			return fmt.Errorf("shard %d: cannot read its last change of limits (%v): run it again", g.idx, err)
 		}
-		if at >= stamp {
-			stamp = at + 1
-		}
+		stamp = max(stamp, at+1)
 	}
+	stamp = nodeStamp(stamp, n.opt.NodeID)
+	n.lastLimits = stamp
 	ok := make([]bool, len(n.grps))
 	var wg sync.WaitGroup
 	for i, g := range n.grps {
@@ -1105,6 +1122,18 @@ func (n *Node) awaitAgreed(ctx context.Context) []int {
 			return waiting
 		}
 	}
+}
+
+// nodeStamp is the first stamp no earlier than t whose low 16 bits are
+// id's: changes of limits from different nodes never share a stamp (65 us
+// of precision is plenty for them).
+func nodeStamp(t int64, id uint32) int64 {
+	const bits = 1 << 16
+	s := t&^(bits-1) | int64(id%bits)
+	if s < t {
+		s += bits
+	}
+	return s
 }
 
 // limitsStamp reads the stamp of the last change of limits committed on

@@ -609,3 +609,20 @@ func grantVia(c *testCluster, i int, owner, key string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+// Changes of limits from different nodes never share a stamp, and none is
+// earlier than asked for.
+func TestNodeStampIsUniquePerNode(t *testing.T) {
+	seen := map[int64]uint32{}
+	for _, at := range []int64{0, 1, 65535, 65536, 1<<40 + 12345} {
+		for id := uint32(1); id <= 5; id++ {
+			s := nodeStamp(at, id)
+			if s < at || s-at >= 1<<16 || uint32(s%(1<<16)) != id {
+				t.Errorf("nodeStamp(%d, %d) = %d", at, id, s)
+			}
+			if other, ok := seen[s]; ok && other != id {
+				t.Errorf("nodes %d and %d share stamp %d", other, id, s)
+			}
+			seen[s] = id
+		}
+	}
+}
