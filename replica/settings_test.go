@@ -609,6 +609,7 @@ func grantVia(c *testCluster, i int, owner, key string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
 // Changes of limits from different nodes never share a stamp, and none is
 // earlier than asked for.
 func TestNodeStampIsUniquePerNode(t *testing.T) {
