@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"syscall"
 	"testing"
@@ -289,4 +291,60 @@ func TestSIGINT(t *testing.T) {
 		t.Errorf("exit code %d after SIGINT, want 0", code)
 	}
 	c.expectClosed()
+}
+
+// A clean shutdown reaches a client that reads slowly: every answer the
+// server owed it, the T of its queued acquire last, then the end of the
+// stream. Closed at once, gnet dropped what it had not written yet, and
+// the input the server had not read (the connection paused for its unsent
+// output) made the kernel reset the connection: the client lost all but
+// its first few hundred answers, grants among them, and the T that the
+// protocol promises at shutdown.
+func TestShutdownReachesASlowReader(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, "--send-buffer", "65536") // the kernel holds little of its output
+	h := s.dial(t)
+	h.acquire("h", "sdq", 600000, 0)
+	// A small receive buffer, set before the handshake (set after it, the
+	// window it advertised shrinks, and the rest crawls in probes).
+	dialer := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+	}}
+	d, err := dialer.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	const n = 60000 // over 1 MiB of answers: the server stops reading it
+	var b strings.Builder
+	b.WriteString("A w sdq 600000 600000\n") // queued behind h
+	for i := range n {
+		fmt.Fprintf(&b, "A slow sd%d 600000 0\n", i)
+	}
+	go func() { _, _ = d.Write([]byte(b.String())) }()
+	time.Sleep(1500 * time.Millisecond) // not reading meanwhile
+	stopped := make(chan bool, 1)
+	go func() { stopped <- s.stop() }()
+	time.Sleep(500 * time.Millisecond)
+	_ = d.SetReadDeadline(time.Now().Add(20 * time.Second))
+	all, err := io.ReadAll(d)
+	d.Close()
+	lines := strings.Split(strings.TrimSuffix(string(all), "\n"), "\n")
+	if err != nil || len(lines) == 0 || lines[len(lines)-1] != "T w sdq" {
+		last := ""
+		if len(lines) > 0 {
+			last = lines[len(lines)-1]
+		}
+		t.Fatalf("after %d lines (the last %q): %v; want the answers owed, T w sdq and the end of the stream", len(lines), last, err)
+	}
+	for i, l := range lines[:len(lines)-1] {
+		if f := strings.Fields(l); len(f) != 4 || f[0] != "A" || f[3] != fmt.Sprintf("sd%d", i) {
+			t.Fatalf("line %d: %q, want the grant of sd%d", i, l, i)
+		}
+	}
+	if !<-stopped {
+		t.Error("the server did not stop cleanly")
+	}
 }

@@ -267,7 +267,7 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	c := gc.Context().(*Conn)
 	s := h.s
-	if c.end != nil && c.end.err == nil {
+	if c.end != nil && c.end.err == nil || c.end == nil && s.stopping.Load() {
 		return h.linger(c, gc)
 	}
 	var start time.Time
@@ -365,8 +365,8 @@ const lingerFor = 5 * time.Second
 // among them, and the E line. So the connection stays open while its
 // client reads: what it sends is discarded, once gnet has written
 // everything the write side is shut (the client reads to the end, then
-// EOF), and it is closed when the client closes its side or lingerFor has
-// passed. It is woken every parkedEvery meanwhile. Its queued acquires
+// EOF), and it is closed when the client's kernel has acknowledged all
+// of it, when the client closes its side, or when lingerFor has passed. It is woken every parkedEvery meanwhile. Its queued acquires
 // are withdrawn at once (Closed), as nothing more is read from it, and its
 // mailbox is sealed: what was posted to it goes out, and a later post is
 // refused (a grant's release given back). Loop only.
@@ -398,6 +398,12 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 		if shutWrite(gc.Fd()) != nil {
 			return gnet.Close
 		}
+	}
+	// Once the client's kernel has acknowledged all of it and the end of
+	// stream, a close loses nothing: what a client has received stays
+	// readable even if the close resets the connection.
+	if c.shut && unacked(gc.Fd()) == 0 {
+		return gnet.Close
 	}
 	if s.now() >= c.end.at {
 		return gnet.Close

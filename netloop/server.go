@@ -186,6 +186,7 @@ type Server struct {
 	parked   parkedSet
 	stopOnce sync.Once
 	done     chan struct{}
+	stopping atomic.Bool // Stop has begun: every connection lingers
 	acceptWG sync.WaitGroup
 }
 
@@ -252,7 +253,8 @@ func (s *Server) StopAccepting() {
 }
 
 // Stop closes the listener and every connection, after writing what their
-// mailboxes hold. It waits at most until ctx ends.
+// mailboxes hold and letting each linger until its client has what it was
+// written (lingerFor at most). It waits at most until ctx ends.
 func (s *Server) Stop(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
@@ -260,9 +262,36 @@ func (s *Server) Stop(ctx context.Context) error {
 		close(s.done)
 		s.acceptWG.Wait()
 		s.drainMailboxes(ctx)
+		s.lingerAll(ctx)
 		err = s.cli.Stop()
 	})
 	return err
+}
+
+// lingerAll has every connection linger (see handler.linger), and waits
+// until all have closed, lingerFor has passed or ctx ends. Closed at once,
+// a connection whose client read slowly lost what gnet had not written
+// yet, and one with input unread (paused for its unsent output) was reset,
+// its client losing what its own kernel had not sent either: among it the
+// T of its queued acquires, which the protocol promises at shutdown.
+func (s *Server) lingerAll(ctx context.Context) {
+	s.stopping.Store(true)
+	end := time.Now().Add(lingerFor)
+	for {
+		open := 0
+		s.reg.each(func(c *Conn) {
+			open++
+			_ = c.gc.Wake(nil) // the parked loop has stopped: look again
+		})
+		if open == 0 || time.Now().After(end) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(parkedEvery):
+		}
+	}
 }
 
 // drainMailboxes gives late answers already posted (the T of waiters
