@@ -33,6 +33,7 @@ type Conn struct {
 	// sweep; 0 is none.
 	quietFrom   atomic.Int64
 	partialFrom atomic.Int64
+	woken       atomic.Bool // Stop's wake not yet handled (lingerAll)
 
 	// Mailbox for answers decided on other goroutines. The grants among
 	// mail are known by token and key (their keys back to back in keys), to
@@ -267,7 +268,13 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	c := gc.Context().(*Conn)
 	s := h.s
-	if c.end != nil && c.end.err == nil || c.end == nil && s.stopping.Load() {
+	if s.stopping.Load() {
+		c.woken.Store(false)
+		if c.end == nil {
+			return h.linger(c, gc)
+		}
+	}
+	if c.end != nil && c.end.err == nil {
 		return h.linger(c, gc)
 	}
 	var start time.Time
@@ -365,8 +372,10 @@ const lingerFor = 5 * time.Second
 // among them, and the E line. So the connection stays open while its
 // client reads: what it sends is discarded, once gnet has written
 // everything the write side is shut (the client reads to the end, then
-// EOF), and it is closed when the client's kernel has acknowledged all
-// of it, when the client closes its side, or when lingerFor has passed. It is woken every parkedEvery meanwhile. Its queued acquires
+// EOF), and it is closed when the client closes its side or lingerFor has
+// passed. (Not once the client's kernel has acknowledged everything: a
+// client still sending then meets a reset, and one that gives up on a
+// failed write never reads what it was sent.) It is woken every parkedEvery meanwhile. Its queued acquires
 // are withdrawn at once (Closed), as nothing more is read from it, and its
 // mailbox is sealed: what was posted to it goes out, and a later post is
 // refused (a grant's release given back). Loop only.
@@ -398,12 +407,6 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 		if shutWrite(gc.Fd()) != nil {
 			return gnet.Close
 		}
-	}
-	// Once the client's kernel has acknowledged all of it and the end of
-	// stream, a close loses nothing: what a client has received stays
-	// readable even if the close resets the connection.
-	if c.shut && unacked(gc.Fd()) == 0 {
-		return gnet.Close
 	}
 	if s.now() >= c.end.at {
 		return gnet.Close

@@ -281,7 +281,11 @@ func (s *Server) lingerAll(ctx context.Context) {
 		open := 0
 		s.reg.each(func(c *Conn) {
 			open++
-			_ = c.gc.Wake(nil) // the parked loop has stopped: look again
+			// The parked loop has stopped: look again, one wake in
+			// flight per connection (gnet's task queue has no bound).
+			if c.woken.CompareAndSwap(false, true) {
+				_ = c.gc.Wake(nil)
+			}
 		})
 		if open == 0 || time.Now().After(end) {
 			return
