@@ -334,22 +334,15 @@ func TestHandOverBehindAnotherConnsSyncedWriteKeepsItsLease(t *testing.T) {
 	g.grantedOnlyAfter(x, "k", answered, 2*time.Second)
 }
 
-// A hand-over that the timer loop decides (a lease ends) while the event
-// loop is in a synced write for another shard waits in the connection's
-// mailbox until that write is done: it keeps its whole lease from its
-// answer too.
-func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
-	g := startRig(t, t.TempDir(), rigOpts{loops: 1, shards: 2})
-	var k, big string // k's shard comes first in the timer loop's round
-	for i := 0; k == "" || big == ""; i++ {
-		s := fmt.Sprintf("k%d", i)
-		if shard.Index([]byte(s), 2) == 0 && k == "" {
-			k = s
-		} else if shard.Index([]byte(s), 2) == 1 && big == "" {
-			big = s
-		}
-	}
-	h, w, a, x := g.dial(), g.dial(), g.dial(), g.dial()
+// handOverInSyncedWrite queues w on k (shard 0 of 2) behind h's 1 s lease,
+// and has the timer loop hand k to w while the event loop is in a synced
+// write for big (shard 1) that takes 5 s of the rig's time; inWrite runs at
+// the end of that write. It returns w and an idle client once big's grant,
+// which came after the write, is read.
+func (g *rig) handOverInSyncedWrite(k, big string, inWrite func()) (w, x *client) {
+	g.t.Helper()
+	h, a := g.dial(), g.dial()
+	w, x = g.dial(), g.dial()
 	h.acquire("h", k, 1000)
 	w.send("A w " + k + " 1000 60000") // a lease the ceiling covers already: the timer loop writes nothing
 	time.Sleep(50 * time.Millisecond)  // queued
@@ -374,19 +367,31 @@ func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
 			select {
 			case <-posted:
 			case <-time.After(5 * time.Second):
-				t.Error("the timer loop did not hand k over during the synced write")
+				g.t.Error("the timer loop did not hand k over during the synced write")
 			}
 			g.clock.jump(5 * time.Second) // and the write takes 5 s
+			inWrite()
 		}
 		return nil
 	})
 	a.send("A a " + big + " 600000 0")
 	a.granted("a", big)
+	if !slow.Load() {
+		g.t.Fatal("no synced write: the test did not test that")
+	}
+	return w, x
+}
+
+// A hand-over that the timer loop decides (a lease ends) while the event
+// loop is in a synced write for another shard waits in the connection's
+// mailbox until that write is done: it keeps its whole lease from its
+// answer too.
+func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{loops: 1, shards: 2})
+	k := keyOf(0, 2) // its shard comes first in the timer loop's round
+	w, x := g.handOverInSyncedWrite(k, keyOf(1, 2), func() {})
 	w.granted("w", k)
 	answered := g.clock.now() // w counts its 1 s lease from here
-	if !slow.Load() {
-		t.Fatal("no synced write: the test did not test that")
-	}
 	g.grantedOnlyAfter(x, k, answered, time.Second)
 	if g.r.LateRenewals() == 0 {
 		t.Error("no late renewal counted")
@@ -400,48 +405,17 @@ func TestTimerHandOverPostedDuringASyncedWriteKeepsItsLease(t *testing.T) {
 // was granted. Its connection is closed instead.
 func TestHandOverLostBeforeItsAnswerLeftClosesItsConnection(t *testing.T) {
 	g := startRig(t, t.TempDir(), rigOpts{loops: 1, shards: 2})
-	k, big := keyOf(0, 2), keyOf(1, 2)
-	h, w, a, x := g.dial(), g.dial(), g.dial(), g.dial()
-	h.acquire("h", k, 1000)
-	w.send("A w " + k + " 1000 60000")
-	time.Sleep(50 * time.Millisecond) // queued
-	posted := make(chan struct{})
-	var once sync.Once
-	g.setDeliver(func(an *shard.Answer, _ []byte) bool {
-		if an.Result == shard.Acquired && string(an.Owner) == "w" {
-			once.Do(func() { close(posted) })
+	k := keyOf(0, 2)
+	w, x := g.handOverInSyncedWrite(k, keyOf(1, 2), func() {
+		// w's 1 s lease has passed: the sweep takes its key.
+		p := g.r.part([]byte(k))
+		p.mu.Lock()
+		swept := p.t.Sweep(g.clock.now())
+		p.mu.Unlock()
+		if swept != 1 {
+			t.Errorf("the sweep removed %d keys, want w's grant of %s", swept, k)
 		}
-		return true
 	})
-	var slow atomic.Bool
-	g.store.setSaveErr(func(s state) error {
-		if s.LeaseCeil >= testStart+int64(600*time.Second) && slow.CompareAndSwap(false, true) {
-			g.clock.jump(time.Second) // h's lease ends: the timer loop hands k to w
-			select {
-			case g.r.wake <- struct{}{}:
-			default:
-			}
-			select {
-			case <-posted:
-			case <-time.After(5 * time.Second):
-				t.Error("the timer loop did not hand k over during the synced write")
-			}
-			g.clock.jump(5 * time.Second) // the write takes 5 s: w's 1 s lease passes
-			p := g.r.part([]byte(k))
-			p.mu.Lock()
-			swept := p.t.Sweep(g.clock.now())
-			p.mu.Unlock()
-			if swept != 1 {
-				t.Errorf("the sweep removed %d keys, want w's grant of %s", swept, k)
-			}
-		}
-		return nil
-	})
-	a.send("A a " + big + " 600000 0")
-	a.granted("a", big)
-	if !slow.Load() {
-		t.Fatal("no synced write: the test did not test that")
-	}
 	w.expectClosed()
 	if g.r.LostLateGrants() != 1 {
 		t.Errorf("%d lost hand-overs counted, want 1", g.r.LostLateGrants())
