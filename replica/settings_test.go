@@ -283,19 +283,7 @@ func TestEarlierDataDirReplaysUnderItsPinnedLimits(t *testing.T) {
 // limits: it was started with the cluster's of its time, and stopping it
 // for a change made while it ran would leave the cluster without it.
 func TestNodeThatHadNotAnnouncedTakesALimitsChange(t *testing.T) {
-	retryNotice.Store(false)
-	defer retryNotice.Store(true)
-	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
-	c.start(0)
-	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
-	for _, g := range c.nodes[0].grps {
-		if hasSettings(g) {
-			t.Fatalf("shard %d agreed without a quorum", g.idx)
-		}
-	}
-	c.start(1)
-	c.start(2)
-	c.waitReadyExcept(0) // node 0 asks again only at its next request
+	c := clusterWithNodeZeroUnannounced(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.nodes[1].SetLimits(ctx, 50, 0, 0); err != nil {
@@ -395,6 +383,28 @@ func TestRequestOnAnotherShardWaitsForShardZerosSecondNotice(t *testing.T) {
 		a.send("A o " + key + " 60000 0")
 	}
 	c.checkReplicasAgree()
+}
+
+// clusterWithNodeZeroUnannounced starts node 0 alone, waits until its
+// settings notices have given up (no quorum; with retryNotice false for the
+// test, they are not tried again by themselves), then starts the others
+// and waits until they are ready. The shards' limits are --max-keys 100.
+func clusterWithNodeZeroUnannounced(t *testing.T) *testCluster {
+	t.Helper()
+	retryNotice.Store(false)
+	t.Cleanup(func() { retryNotice.Store(true) })
+	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
+	c.start(0)
+	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
+	for _, g := range c.nodes[0].grps {
+		if hasSettings(g) {
+			t.Fatalf("shard %d agreed without a quorum", g.idx)
+		}
+	}
+	c.start(1)
+	c.start(2)
+	c.waitReadyExcept(0) // node 0 asks again only at its next request
+	return c
 }
 
 // hasSettings tells whether a settings notice has committed on g's shard,
@@ -561,14 +571,7 @@ func TestLimitsChangeThroughANodeWhoseClockIsBehind(t *testing.T) {
 // shard, and every other node stopped there. A node whose every shard has
 // agreed sends no change to a shard without settings.
 func TestLimitsChangeWaitsForItsNodesSettingsToAgree(t *testing.T) {
-	retryNotice.Store(false)
-	defer retryNotice.Store(true)
-	c := newStoppedCluster(t, 2, func(o *Options) { o.MaxKeys = 100; o.UnavailableTimeout = time.Second })
-	c.start(0)
-	time.Sleep(2500 * time.Millisecond) // its notices give up: no quorum
-	c.start(1)
-	c.start(2)
-	c.waitReadyExcept(0)
+	c := clusterWithNodeZeroUnannounced(t)
 	for _, g := range c.nodes[0].grps {
 		if g.agreed.Load() {
 			t.Fatalf("shard %d agreed on node 1 without a quorum", g.idx)
