@@ -468,6 +468,16 @@ func TestClusterLaggingNodeCatchesUpFromSnapshot(t *testing.T) {
 	if cl.nodes[2].stats.snapshotsReceived.Load() == 0 {
 		t.Fatal("the lagging node caught up without a snapshot: the test did not test that")
 	}
+	// Every restore's index was reported to its replica (SnapshotRecovered).
+	for s, g := range cl.nodes[2].grps {
+		f := g.fsm.Load()
+		f.mu.Lock()
+		r := f.recovering
+		f.mu.Unlock()
+		if r != 0 {
+			t.Fatalf("shard %d: %d restores without their index", s, r)
+		}
+	}
 }
 
 // replaceThird replaces node 3, which is down, by node 4 at a new address,

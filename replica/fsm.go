@@ -87,7 +87,7 @@ type fsm struct {
 	set       *settings
 	setBy     uint32
 	setAt     int64
-	applied   uint64          // last applied log index (not state: Dragonboat keeps it)
+	applied   uint64          // last applied log index (not state: Dragonboat keeps it); 0: not known
 	refused   uint64          // batches refused as stale (not state)
 	ans       []shard.Answer  // scratch
 	cmd       shard.Command   // scratch
@@ -104,6 +104,11 @@ type fsm struct {
 	inc     uint64
 	snapOwn map[uint64]struct{}
 	arena   []byte // copies of the keys and owners in mine
+	// recovering counts the snapshots restored whose index has not been
+	// reported yet (Node.SnapshotRecovered; RecoverFromSnapshot is not
+	// told it): until then applied is 0, not the index of the state the
+	// snapshot replaced (not state).
+	recovering int
 
 	// For the leader's timer loop, set before the first Update: it delays
 	// lease ends by skew, and timersMoved wakes it when an Update sets a
@@ -598,6 +603,10 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan str
 	}
 	f.t.NewTimers()
 	f.due = math.MaxInt64
+	if err == nil {
+		f.applied = 0
+		f.recovering++
+	}
 	f.mu.Unlock()
 	if f.timersMoved != nil {
 		f.timersMoved() // the table restored may have any timers
@@ -606,6 +615,22 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan str
 		f.out.lost(f.idx, lost)
 	}
 	return err
+}
+
+// recovered takes the index of a snapshot restored, reported after its
+// RecoverFromSnapshot in the same order. Entries applied since then set
+// applied themselves, and a report that an older restore left behind does
+// not speak for the state of a later one.
+func (f *fsm) recovered(index uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.recovering == 0 {
+		return
+	}
+	f.recovering--
+	if f.recovering == 0 {
+		f.applied = max(f.applied, index)
+	}
 }
 
 // gone returns the connections of the waiters in before that are not in

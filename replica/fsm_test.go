@@ -186,7 +186,7 @@ func TestFSMSnapshotRoundTrip(t *testing.T) {
 	if err := g.RecoverFromSnapshot(bytes.NewReader(buf.Bytes()), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	g.applied = f.applied
+	g.recovered(f.applied)
 	_, a, _ := f.digest()
 	_, b, _ := g.digest()
 	if a != b {
@@ -202,6 +202,72 @@ func TestFSMSnapshotRoundTrip(t *testing.T) {
 	if err := newFSM(3, 2, shard.Config{}, nil).RecoverFromSnapshot(&bad, nil, nil); err == nil {
 		t.Fatal("a truncated snapshot was accepted")
 	}
+}
+
+// A restored replica reports no applied index until Dragonboat reports the
+// snapshot's (SnapshotRecovered, after RecoverFromSnapshot): never the index
+// of the state it replaced beside the digest of the new one.
+func TestFSMRestoredReportsTheSnapshotsIndex(t *testing.T) {
+	at := func(i uint64, stamp int64) batch {
+		return batch{h: header{node: 1, inc: 1, batch: i, stamp: stamp}, cmds: []shard.Command{acquire(requesterConn(1, 1), i, "o", fmt.Sprintf("k%d", i), 5000, 0)}}
+	}
+	f := newFSM(0, 1, shard.Config{}, nil)
+	for i := uint64(1); i <= 20; i++ {
+		update(t, f, at(i, int64(i)*1e6))
+	}
+	snap20 := snapshot(t, f)
+	update(t, f, at(21, 21e6))
+	snap21 := snapshot(t, f)
+	applied := func(g *fsm) uint64 { a, _, _ := g.digest(); return a }
+
+	g := newFSM(0, 2, shard.Config{}, nil)
+	update(t, g, at(1, 1e6), at(2, 2e6), at(3, 3e6))
+	restore(t, g, snap20)
+	if a := applied(g); a != 0 {
+		t.Fatalf("restored to index 20, reports %d before the snapshot's index is known", a)
+	}
+	g.recovered(20)
+	_, want, _ := newFSMAt(t, snap20).digest()
+	if a, sum, _ := g.digest(); a != 20 || sum != want {
+		t.Fatalf("applied %d, digest equal %v", a, sum == want)
+	}
+
+	// An entry applied before the report: the entry's index stands.
+	restore(t, g, snap20)
+	if _, err := g.Update([]sm.Entry{{Index: 21, Cmd: at(21, 21e6).bytes()}}); err != nil {
+		t.Fatal(err)
+	}
+	g.recovered(20)
+	if a := applied(g); a != 21 {
+		t.Fatalf("applied %d after entry 21", a)
+	}
+
+	// Two restores before either report: the first report does not speak
+	// for the second's state.
+	restore(t, g, snap20)
+	restore(t, g, snap21)
+	g.recovered(20)
+	if a := applied(g); a != 0 {
+		t.Fatalf("the first restore's report gave %d to the second's state", a)
+	}
+	g.recovered(21)
+	if a, sum, _ := g.digest(); a != 21 {
+		t.Fatalf("applied %d", a)
+	} else if _, fs, _ := f.digest(); sum != fs {
+		t.Fatal("restored replica differs")
+	}
+	g.recovered(21) // a report with no restore behind it changes nothing
+	if a := applied(g); a != 21 {
+		t.Fatalf("applied %d", a)
+	}
+}
+
+// newFSMAt is a replica restored from snap.
+func newFSMAt(t *testing.T, snap []byte) *fsm {
+	t.Helper()
+	g := newFSM(0, 3, shard.Config{}, nil)
+	restore(t, g, snap)
+	return g
 }
 
 func TestFSMRejectsAMalformedEntry(t *testing.T) {

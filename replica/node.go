@@ -2034,7 +2034,8 @@ func (n *Node) Status(digest bool) []ShardStatus {
 			f.mu.Unlock()
 			continue
 		}
-		if applied, sum, err := f.digest(); err == nil {
+		if applied, sum, err := f.digest(); err == nil && applied != 0 {
+			// 0: a snapshot restored whose index is not known yet.
 			out[i].Applied, out[i].Digest = applied, fmt.Sprintf("%x", sum[:8])
 		}
 	}
@@ -2578,8 +2579,9 @@ func (n *Node) Err() error {
 	}
 }
 
-// System events (raftio.ISystemEventListener): only connection outcomes are
-// used, to tell whether a peer is worth handing leadership to.
+// System events (raftio.ISystemEventListener): connection outcomes tell
+// whether a peer is worth handing leadership to; a snapshot restored gives
+// its replica's applied index.
 func (n *Node) ConnectionEstablished(info raftio.ConnectionInfo) {
 	n.setReach(info.Address, true, info.SnapshotConnection)
 }
@@ -2641,8 +2643,17 @@ func (n *Node) SendSnapshotStarted(raftio.SnapshotInfo)   {}
 func (n *Node) SendSnapshotCompleted(raftio.SnapshotInfo) {}
 func (n *Node) SendSnapshotAborted(raftio.SnapshotInfo)   {}
 func (n *Node) SnapshotReceived(raftio.SnapshotInfo)      { n.stats.snapshotsReceived.Add(1) }
-func (n *Node) SnapshotRecovered(raftio.SnapshotInfo)     {}
 func (n *Node) SnapshotCreated(raftio.SnapshotInfo)       {}
 func (n *Node) SnapshotCompacted(raftio.SnapshotInfo)     {}
 func (n *Node) LogCompacted(raftio.EntryInfo)             {}
 func (n *Node) LogDBCompacted(raftio.EntryInfo)           {}
+
+// SnapshotRecovered gives the replica restored its applied index (fsm.recovered).
+func (n *Node) SnapshotRecovered(info raftio.SnapshotInfo) {
+	if info.Index == 0 || info.ShardID == 0 || info.ShardID > uint64(len(n.grps)) {
+		return
+	}
+	if f := n.grps[info.ShardID-1].fsm.Load(); f != nil {
+		f.recovered(info.Index)
+	}
+}
