@@ -424,6 +424,32 @@ func TestHandOverLostBeforeItsAnswerLeftClosesItsConnection(t *testing.T) {
 	x.granted("x", k)
 }
 
+// A hand-over's renewal waits for its shard's lock, held elsewhere (a sweep,
+// another loop's synced write): the time it waits delays the answer too, so
+// the lease moves on from the time the lock was had, not from before.
+func TestHandOverRenewedAfterWaitingForItsShardKeepsItsLease(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{loops: 1, shards: 2})
+	k := keyOf(0, 2)
+	w, x := g.handOverInSyncedWrite(k, keyOf(1, 2), func() {
+		// At the end of the other shard's write, before the loop writes
+		// w's hand-over: another goroutine holds k's shard for 300 ms of
+		// the rig's time, which passes while the loop waits for it.
+		p := g.r.part([]byte(k))
+		locked := make(chan struct{})
+		go func() {
+			p.mu.Lock()
+			close(locked)
+			time.Sleep(300 * time.Millisecond) // the loop gets to RenewLate and waits
+			g.clock.jump(300 * time.Millisecond)
+			p.mu.Unlock()
+		}()
+		<-locked
+	})
+	w.granted("w", k)
+	answered := g.clock.now() // w counts its 1 s lease from here
+	g.grantedOnlyAfter(x, k, answered, time.Second)
+}
+
 // A clean shutdown releases a grant that could not be delivered before it
 // writes the snapshot, so the restart holds no key under a token nobody
 // received.

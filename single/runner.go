@@ -725,13 +725,33 @@ func (r *Runner) renewLate(p *part, now int64) int64 {
 // cluster mode answers such a grant E unavailable. A client treats what
 // a closed connection had not answered as failed.
 func (r *Runner) RenewLate(_ *netloop.Conn, gs []netloop.Grant) bool {
+	now := r.clock.now()
+	late := false
+	for i := range gs {
+		late = late || now-gs[i].Since > lateSlack
+	}
+	if !late {
+		return !r.isFailed.Load() // they leave now, none late
+	}
+	var touched [maxShards / 64]uint64
+	words := (len(r.parts) + 63) / 64
+	for i := range gs {
+		s := uint(shard.Index(gs[i].Key, len(r.parts)))
+		touched[s/64] |= 1 << (s % 64)
+	}
 	for {
 		if r.isFailed.Load() {
 			return false
 		}
-		now := r.clock.now()
-		moved, lost := false, false
+		// The clock is read under every lock the grants need (taken in
+		// shard order, as handleInOrder does): a lock held elsewhere (a
+		// sweep, another loop's synced write) delays the answers too.
+		for p := range r.touchedParts(touched[:words]) {
+			p.mu.Lock()
+		}
+		now = r.clock.now()
 		wrote := r.syncReserves.Load()
+		moved, lost := false, false
 		for i := range gs {
 			g := &gs[i]
 			late := now - g.Since
@@ -739,14 +759,16 @@ func (r *Runner) RenewLate(_ *netloop.Conn, gs []netloop.Grant) bool {
 				continue
 			}
 			g.Since, g.Deadline = now, satAdd(g.Deadline, late)
-			p := r.part(g.Key)
-			p.mu.Lock()
-			if p.t.Extend(g.Key, g.Token, g.Deadline) {
+			if r.part(g.Key).t.Extend(g.Key, g.Token, g.Deadline) {
 				moved = true
-				r.coverLeases(p)
 			} else {
 				r.lostLate.Add(1)
 				lost = true
+			}
+		}
+		for p := range r.touchedParts(touched[:words]) {
+			if moved && !lost {
+				r.coverLeases(p)
 			}
 			p.mu.Unlock()
 		}
