@@ -983,6 +983,41 @@ func TestClusterRefusesADataDirThatLostItsRaftState(t *testing.T) {
 	}
 }
 
+// A node whose data dir looks new while its lost+found holds entries (a
+// file system check moved its files there) is refused: bootstrapped again
+// under its id, it would have forgotten its votes and what it acknowledged.
+func TestClusterRefusesANewLookingDataDirWithFilesInLostFound(t *testing.T) {
+	c := newTestCluster(t, 2)
+	c.stop(2)
+	dir := c.dirs[2]
+	lf := filepath.Join(dir, "lost+found")
+	if err := os.Mkdir(lf, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range es {
+		if e.Name() != "lost+found" {
+			if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(lf, fmt.Sprintf("#%d", 1200+i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, dir
+	opt.Logger = zaptest.NewLogger(t)
+	n, err := Start(opt)
+	if err == nil {
+		n.Close()
+		t.Fatal("a node whose files were in lost+found started as new")
+	}
+	if !strings.Contains(err.Error(), "lost+found") || !strings.Contains(err.Error(), dir) {
+		t.Errorf("refusal %q does not say what is wrong and where", err)
+	}
+}
+
 // A data dir restored from a copy has forgotten what it acknowledged: the
 // node stops, saying so, rather than answer E unavailable for ever (every
 // batch it proposes is refused as an earlier run's).

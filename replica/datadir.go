@@ -110,6 +110,13 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 			d.close()
 			return nil, fmt.Errorf("data dir %q has raft state but no %s: it cannot be told apart from another node's; give this node an empty data dir (README: replacing a node)", path, identityFile)
 		}
+		if n := atomicfile.LostFound(path); n > 0 {
+			// Bootstrapping under an id that has voted and acknowledged
+			// entries could lose committed grants.
+			d.close()
+			return nil, fmt.Errorf("data dir %q looks new, but its lost+found holds %d entries: a file system check may have moved this node's files there; "+
+				"if the file system is new, empty lost+found; if the node's state is lost, bring it back as a replacement (README: replacing a node)", path, n)
+		}
 	default:
 		d.close()
 		return nil, fmt.Errorf("cannot read data dir %q: %w", path, err)

@@ -136,8 +136,8 @@ type loaded struct {
 }
 
 // ignorable entries do not make a dir "used before": a file system's
-// lost+found, and what a first start that crashed before its state file
-// was in place can leave.
+// lost+found (unless it holds something: atomicfile.LostFound), and what a
+// first start that crashed before its state file was in place can leave.
 func ignorable(name string) bool {
 	return name == "lost+found" || name == stateName+tmpSuffix || name == idName+tmpSuffix
 }
@@ -191,6 +191,9 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 			if !ignorable(n) {
 				other = append(other, n)
 			}
+		}
+		if n := atomicfile.LostFound(dir); n > 0 {
+			other = append(other, fmt.Sprintf("lost+found with %d entries (a file system check may have moved this dir's files there; if the file system is new, empty it)", n))
 		}
 		if len(other) == 0 {
 			ld.fresh = true

@@ -25,6 +25,12 @@ func dirContents(t *testing.T, dir string) map[string]string {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
+		if e.IsDir() {
+			for n, b := range dirContents(t, filepath.Join(dir, e.Name())) {
+				m[e.Name()+"/"+n] = b
+			}
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
 			t.Fatal(err)
@@ -104,6 +110,9 @@ func TestDamagedDataDir(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "ticketd.state is missing"},
+		{"files moved into lost+found", true, func(t *testing.T, dir string) {
+			intoLostFound(t, dir)
+		}, "lost+found with 3 entries"},
 		{"snapshot flipped", true, flip(snapName), "ticketd.snapshot is damaged"},
 		{"snapshot truncated", true, func(t *testing.T, dir string) {
 			if err := os.Truncate(filepath.Join(dir, snapName), 10); err != nil {
@@ -280,6 +289,27 @@ func keys(m map[string]string) []string {
 		k = append(k, n)
 	}
 	return k
+}
+
+// intoLostFound moves everything in dir into its lost+found, under the
+// names a file system check gives the files it finds without a directory.
+func intoLostFound(t *testing.T, dir string) {
+	t.Helper()
+	lf := filepath.Join(dir, "lost+found")
+	if err := os.MkdirAll(lf, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range es {
+		if e.Name() != "lost+found" {
+			if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(lf, fmt.Sprintf("#%d", 1200+i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
 
 // A new dir, an empty one and one holding only lost+found are new.

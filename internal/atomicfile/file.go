@@ -78,3 +78,13 @@ func MkdirAll(dir string, perm os.FileMode) error {
 }
 
 var syncDir = SyncDir // tests record the calls
+
+// LostFound is the number of entries in dir's lost+found, as far as they
+// can be read (0: none, no lost+found, or one this process may not list).
+// A data dir that looks new while its file system's check has put entries
+// there may be a used one whose files it moved: starting it as new would
+// forget the grants and tokens they recorded.
+func LostFound(dir string) int {
+	es, _ := os.ReadDir(filepath.Join(dir, "lost+found"))
+	return len(es)
+}
