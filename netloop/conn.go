@@ -178,6 +178,13 @@ func (c *Conn) post(b []byte, n int, grants []Grant, last bool) bool {
 // written, and nothing more read). Loop only.
 func (c *Conn) takeMail(out []byte) (_ []byte, last bool) {
 	c.mu.Lock()
+	out, last = c.takeMailLocked(out)
+	c.mu.Unlock()
+	return out, last
+}
+
+// takeMailLocked is takeMail under c.mu.
+func (c *Conn) takeMailLocked(out []byte) (_ []byte, last bool) {
 	last = c.failed
 	if len(c.mail) > 0 {
 		out = append(out, c.mail...)
@@ -199,7 +206,6 @@ func (c *Conn) takeMail(out []byte) (_ []byte, last bool) {
 		}
 		c.mailN = 0
 	}
-	c.mu.Unlock()
 	return out, last
 }
 
@@ -213,10 +219,11 @@ const (
 
 // seal is takeMail for a connection about to close with an E line of its
 // own (a bad frame): what was posted until now goes out before the line,
-// and nothing is posted after it. Loop only.
+// and nothing is posted after it: both under one hold of c.mu, or a post
+// between them would be taken after the line. Loop only.
 func (c *Conn) seal(out []byte) []byte {
-	out, _ = c.takeMail(out)
 	c.mu.Lock()
+	out, _ = c.takeMailLocked(out)
 	c.failed = true
 	c.mu.Unlock()
 	return out
