@@ -268,6 +268,47 @@ func TestCheckQueuedGrantLeaseRunsFromItsPlace(t *testing.T) {
 	checkModes(t, b, CheckLinearLock)
 }
 
+// A grant that took the key over from a holder whose lease had to run out
+// took effect no earlier than that lease's end, and its own lease counts
+// from there. H holds k for 600 ms from 0 and never releases it. In each
+// history a second grant comes from the end of H's lease (at 600 ms at the
+// earliest) and holds 300 ms more, to 900 ms at least:
+//   - W, queued (sent at 5 ms), answered at 602 ms; X granted at 700 ms;
+//   - W with wait 0, sent at 550 ms and answered at 650 ms; X at 860 ms;
+//   - W queued as in the first, and its release at 700 ms answered N: a
+//     grant forgotten while its lease ran.
+//
+// Counted from W's own send, W's lease would seem over in time for each.
+func TestCheckTakeOverLeaseRunsFromTheEndBefore(t *testing.T) {
+	queued := func() *hist {
+		b := newHist()
+		b.acq(1, "k", 600, 0, 1, ResGranted, 1)
+		b.add(&Op{Worker: 2, Kind: 'A', Owner: "w", Key: "k", LeaseMs: 300, WaitMs: 1000, Invoke: ms(5), Complete: ms(602), Result: ResGranted, Token: 2})
+		return b
+	}
+	b := queued()
+	b.acq(3, "k", 1000, 700, 701, ResGranted, 3)
+	checkModes(t, b, CheckLinearLock)
+
+	b = newHist()
+	b.acq(1, "k", 600, 0, 1, ResGranted, 1)
+	b.acq(2, "k", 300, 550, 650, ResGranted, 2)
+	b.acq(3, "k", 1000, 860, 861, ResGranted, 3)
+	checkModes(t, b, CheckLinearLock)
+
+	b = queued()
+	b.rel(2, "k", 2, 700, 701, ResNotReleased)
+	checkModes(t, b, CheckLinearLock)
+
+	// And the same grants after W's lease from there are legal.
+	b = queued()
+	b.acq(3, "k", 1000, 905, 906, ResGranted, 3)
+	checkModes(t, b, "")
+	b = queued()
+	b.rel(2, "k", 2, 905, 906, ResNotReleased)
+	checkModes(t, b, "")
+}
+
 // A grant answered after its own lease could have ended holds for certain
 // at no instant we can name, but it was made between its send and its
 // answer: inside another grant's certain interval, that is a double grant.

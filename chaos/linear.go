@@ -106,7 +106,22 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 		case 'A':
 			canGrant := s.holder == 0 || canEnd(s, in.ret)
 			grant := func(tok uint64) lockState {
-				n := lockState{holder: tok, hCall: at, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: at}
+				// A grant over a holder whose lease had to end first took
+				// effect no earlier than that end (a ghost's, no earlier
+				// than its release as undeliverable, if that came first and
+				// is known), and its own lease counts from there.
+				start := at
+				if s.holder != 0 {
+					end := satAdd(s.hCall, s.lease)
+					if s.holder == ghost {
+						end = min(end, s.hLost-lostMargin)
+						if s.hLost == 0 {
+							end = at
+						}
+					}
+					start = max(start, end)
+				}
+				n := lockState{holder: tok, hCall: start, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: at}
 				if tok == ghost {
 					n.hLost = in.lost
 				} else {
