@@ -464,6 +464,13 @@ func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte
 		i += len(run)
 		g := n.grps[sh]
 		g.mu.Lock()
+		if n.closing.Load() {
+			// Quiesce began after the check above: it waits for what the
+			// shards hold (idle, under g.mu) and then times out the queued
+			// acquires, so what is not in g.pend by now must stay out.
+			g.mu.Unlock()
+			break
+		}
 		first := g.pendN == 0
 		for _, j := range run {
 			q := &reqs[j]
