@@ -438,7 +438,13 @@ func TestClusterReleaseSentAgainAfterUnavailable(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node 1 without quorum answered no E unavailable within 10s (%v, %v)", v, err)
+			// What node 1 saw, to tell a release that never reached it
+			// from one it held without giving up.
+			conns, _ := c.nodes[0].metric("ticketd_connections")
+			props, _ := c.nodes[0].metric("ticketd_raft_proposals_total")
+			given, _ := c.nodes[0].metric("ticketd_batches_given_up_total")
+			t.Fatalf("node 1 without quorum answered no E unavailable within 10s (%v, %v; its connections %v, proposals %v, batches given up %v)",
+				v, err, conns, props, given)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
