@@ -72,14 +72,20 @@ func satAdd(a, b int64) int64 {
 
 func lockModel(cfg CheckConfig) porcupine.Model {
 	single := cfg.Mode == "single"
-	// canEnd: the holder's lease may be over by the time ret; a ghost may
-	// also have been released as undeliverable once its connection was gone.
-	canEnd := func(s lockState, ret int64) bool {
-		if satAdd(s.hCall, s.lease) <= ret {
-			return true
+	// ended: the earliest instant the holder's hold can be over, at its
+	// lease's end; a ghost's also once its connection was gone and it was
+	// released as undeliverable (at any time, if that was not recorded).
+	ended := func(s lockState) int64 {
+		end := satAdd(s.hCall, s.lease)
+		if s.holder == ghost {
+			if s.hLost == 0 {
+				return math.MinInt64
+			}
+			end = min(end, s.hLost-lostMargin)
 		}
-		return s.holder == ghost && (s.hLost == 0 || s.hLost-lostMargin <= ret)
+		return end
 	}
+	canEnd := func(s lockState, ret int64) bool { return ended(s) <= ret }
 	held := func(s lockState, at int64) bool {
 		if s.holder == 0 {
 			return false
@@ -106,20 +112,11 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 		case 'A':
 			canGrant := s.holder == 0 || canEnd(s, in.ret)
 			grant := func(tok uint64) lockState {
-				// A grant over a holder whose lease had to end first took
-				// effect no earlier than that end (a ghost's, no earlier
-				// than its release as undeliverable, if that came first and
-				// is known), and its own lease counts from there.
+				// A grant over a holder took effect no earlier than that
+				// hold's end, and its own lease counts from there.
 				start := at
 				if s.holder != 0 {
-					end := satAdd(s.hCall, s.lease)
-					if s.holder == ghost {
-						end = min(end, s.hLost-lostMargin)
-						if s.hLost == 0 {
-							end = at
-						}
-					}
-					start = max(start, end)
+					start = max(start, ended(s))
 				}
 				n := lockState{holder: tok, hCall: start, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: at}
 				if tok == ghost {
