@@ -273,7 +273,7 @@ func TestClusterPauseLeader(t *testing.T) {
 	w := startWorkload(t, c.addrs(), 12)
 	time.Sleep(time.Second)
 	victim := c.busiestLeader()
-	c.signal(victim, syscall.SIGSTOP)
+	c.pause(victim)
 	time.Sleep(1500 * time.Millisecond) // several election timeouts (200ms)
 	c.signal(victim, syscall.SIGCONT)
 	time.Sleep(1500 * time.Millisecond)
@@ -295,7 +295,7 @@ func lagHandOver(t *testing.T, leaseMs int) (c *cluster, lag int, w, x *conn, to
 	tok = h.acquire("h", "hot0", 10000, 0)
 	w.send(acq("w", "hot0", leaseMs, 30000))
 	w.sync("hot0") // queued, and applied on the lagging node
-	c.signal(lag, syscall.SIGSTOP)
+	c.pause(lag)
 	h.release(tok, "hot0")
 	return c, lag, w, x, tok
 }
@@ -425,8 +425,8 @@ func TestClusterReleaseSentAgainAfterUnavailable(t *testing.T) {
 			syscall.Kill(c.nodes[i].pid(), syscall.SIGCONT)
 		}
 	})
-	c.signal(1, syscall.SIGSTOP)
-	c.signal(2, syscall.SIGSTOP)
+	c.pause(1)
+	c.pause(2)
 	released := make(chan error, 1)
 	go func() { released <- cl.Release(ctx, l) }()
 	// Node 1 gives up within a second or two (leaderless, or the timeout);
