@@ -369,7 +369,7 @@ func TestTargets(t *testing.T) {
 		"idle connections: active p99 within 1.5x of no idle, medians of the interleaved rounds":                                                          "PASS", // 1.27x
 		"idle connections: ticketd's own cost, active p99 within 1.5x of the same idle held against another server, medians of the rounds":                "PASS", // 1.08x
 		"contended: no waiter starved":                                                                                                                    "PASS",
-		"steady: ticketd depth-64 spread over fresh runs < 15% of the median, or no more than the echo ceiling's":                                         "PASS", // 18% vs 22%
+		"steady: ticketd depth-64 spread over fresh runs < 15% of the median, or no more than the echo ceiling's":                                         "MISS", // 18% vs the ceiling's 4% (echo with one loop: 22%)
 		"loops: ticketd's default keeps >= 90% of one loop per core's pairs/s at depth 64":                                                                "MISS", // 88%
 		"steady: ticketd's default depth-64 pairs/s >= 60% of the echo ceiling's, medians of the interleaved rounds":                                      "MISS", // 47%
 		"steady: ticketd's default depth-1 p99 <= Redis p99, medians of the interleaved rounds":                                                           "PASS", // 1.1 vs 1.3ms

@@ -127,10 +127,15 @@ type Result struct {
 	Pairs  int64         // lock pairs completed (release answered) in the window
 	// Answers in the window by meaning.
 	Acquired, Refused, Released, NotReleased int64
-	// Latency of every request line, Acquire of acquires alone (a waiter's
-	// wait), SendLag (open loop) how late the generator sent against its
-	// schedule. Nanoseconds.
+	// Latency of every request line sent (open loop: due) in the window,
+	// whenever its answer came, Acquire of acquires alone (a waiter's wait),
+	// SendLag (open loop) how late the generator sent against its schedule.
+	// Nanoseconds.
 	Latency, Acquire, SendLag *hdrhistogram.Histogram
+	// LongestAcquire is the longest wait of an acquire answered in the window
+	// or the drain, whenever it was sent: a wait that began in the warm-up
+	// is not in Acquire, and is still a wait.
+	LongestAcquire time.Duration
 	// GrantsPerConn counts the grants each connection got in the window.
 	GrantsPerConn []int64
 	// Overruns counts acquires in open loop that found Depth pairs in flight
@@ -142,6 +147,10 @@ type Result struct {
 	// its last answer before the end to its first answer after.
 	Reconnects, Unavailable, Lost int64
 	Outage                        time.Duration
+	// Unanswered counts the requests still without an answer when the drain
+	// ended, and (open loop) the acquires due in the window never sent; a
+	// run that leaves any fails.
+	Unanswered int64
 }
 
 // LinesPerSec is answers per second in the window.
@@ -282,6 +291,7 @@ type conn struct {
 
 	// reconnection, under mu: counted over the whole run, not the window
 	reconnects, unavailable, lost int64
+	longestAcq                    int64 // see Result.LongestAcquire
 	lastAnswer                    int64 // time of the latest answer
 	outageFrom                    int64 // last answer before a reconnect, until the first after
 	outage                        int64 // longest such stretch
@@ -402,6 +412,10 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 		res.Unavailable += c.unavailable
 		res.Lost += c.lost
 		res.Outage = max(res.Outage, time.Duration(c.outage))
+		res.LongestAcquire = max(res.LongestAcquire, time.Duration(c.longestAcq))
+		c.mu.Lock()
+		res.Unanswered += int64(c.inflight) + c.unsentLocked(end)
+		c.mu.Unlock()
 	}
 	if l.Trace != nil {
 		l.Trace.end(r.winStart, end)
@@ -412,7 +426,28 @@ func Run(ctx context.Context, l Load) (*Result, error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
+	if res.Unanswered > 0 {
+		// Left out, they would leave the tail out of the figures.
+		return res, fmt.Errorf("%s: %d requests of the window unanswered %v after it ended", l.System, res.Unanswered, l.Drain)
+	}
 	return res, nil
+}
+
+// unsentLocked (open loop) counts the acquires due before end that were
+// never sent (their slots stayed busy through the drain).
+func (c *conn) unsentLocked(end int64) int64 {
+	if !c.r.open || c.every <= 0 || c.next >= end {
+		return 0
+	}
+	return (end-c.next-1)/c.every + 1
+}
+
+// finishedLocked: nothing of c's is in flight, or still to send, in a run
+// that is stopping.
+func (c *conn) finishedLocked() bool {
+	r := c.r
+	return r.stopping.Load() && c.inflight == 0 &&
+		(!r.open || c.next >= r.endAt.Load() || r.failed.Load() || r.dead.Load())
 }
 
 // monitor ends the window (by time, by pair count or by ctx), prints
@@ -606,7 +641,7 @@ func (c *conn) reader() {
 	for {
 		if r.stopping.Load() {
 			c.mu.Lock()
-			idle := c.inflight == 0
+			idle := c.finishedLocked()
 			c.mu.Unlock()
 			if idle {
 				return
@@ -677,13 +712,18 @@ func (c *conn) onData(now int64) error {
 		if t := r.l.Trace; t != nil {
 			t.add(s.key, s.stamp, now)
 		}
-		if inWindow && s.stamp >= r.winStart {
+		// By the request's stamp, not the answer's time: an answer that
+		// comes in the drain is the tail of the window, not outside it.
+		if s.stamp >= r.winStart && s.stamp < end {
 			lat := now - s.stamp
 			slowest = max(slowest, lat)
 			c.lat = append(c.lat, lat)
 			if s.state == slotAcquiring {
 				c.acq = append(c.acq, lat)
 			}
+		}
+		if s.state == slotAcquiring && now >= r.winStart {
+			c.longestAcq = max(c.longestAcq, now-s.stamp)
 		}
 		if inWindow {
 			c.lines++
@@ -706,17 +746,19 @@ func (c *conn) onData(now int64) error {
 				c.refused++
 			}
 			c.endPair(s, now)
-		case (out == outReleased || out == outNotReleased) && s.state == slotReleasing:
+		case out == outReleased && s.state == slotReleasing:
 			if inWindow {
-				if out == outReleased {
-					c.released++
-					c.pairs++
-					pairs++
-				} else {
-					c.notReleased++
-				}
+				c.released++
+				c.pairs++
+				pairs++
 			}
 			c.endPair(s, now)
+		case out == outNotReleased && s.state == slotReleasing:
+			// Leases outlast every run: the lock was lost while held.
+			if inWindow {
+				c.notReleased++
+			}
+			err = fmt.Errorf("the release of %q (token %d) was answered: not held", s.key, s.token)
 		default:
 			err = fmt.Errorf("answer of kind %d for a slot in state %d", out, s.state)
 		}
@@ -775,7 +817,9 @@ func (c *conn) recordLagLocked() {
 // its intended time.
 func (c *conn) dueLocked(now, end int64) {
 	r := c.r
-	for !r.stopping.Load() && c.next <= now && c.next < end {
+	// Until end even once stopping: what was due in the window goes out in
+	// the drain, stamped when it was due.
+	for !r.failed.Load() && !r.dead.Load() && c.next <= now && c.next < end {
 		if len(c.free) == 0 {
 			if !c.blocked && c.next >= r.winStart {
 				c.overruns++
@@ -806,7 +850,7 @@ func (c *conn) sender() {
 		c.dueLocked(now, end)
 		err := c.writeLocked()
 		c.recordLagLocked()
-		done := r.stopping.Load() && c.inflight == 0
+		done := c.finishedLocked()
 		blocked := c.blocked
 		next := c.next
 		c.mu.Unlock()
@@ -825,7 +869,7 @@ func (c *conn) sender() {
 			return
 		}
 		wait := time.Duration(next - nanotime())
-		if blocked || next >= end || r.stopping.Load() {
+		if blocked || next >= end {
 			wait = time.Hour // until the reader frees a slot, or the last pair ends
 		}
 		stopCh := r.stopCh

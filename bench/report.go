@@ -68,7 +68,7 @@ func rowOf(sc Scenario, r *Result) Row {
 		Conns: r.Load.Conns, Depth: r.Load.Depth, Open: r.Load.Rate > 0, Offered: r.Load.Rate,
 		PairsPerSec: r.PairsPerSec(), LinesPerSec: r.LinesPerSec(),
 		P50: Q(r.Latency, 50), P99: Q(r.Latency, 99), P999: Q(r.Latency, 99.9), Max: time.Duration(r.Latency.Max()),
-		AcqP50: Q(r.Acquire, 50), AcqP99: Q(r.Acquire, 99), AcqP999: Q(r.Acquire, 99.9), AcqMax: time.Duration(r.Acquire.Max()),
+		AcqP50: Q(r.Acquire, 50), AcqP99: Q(r.Acquire, 99), AcqP999: Q(r.Acquire, 99.9), AcqMax: max(time.Duration(r.Acquire.Max()), r.LongestAcquire),
 		LagP99:  Q(r.SendLag, 99),
 		Refused: r.Refused, NotReleased: r.NotReleased, Overruns: r.Overruns,
 		GrantsPerSec: float64(r.Acquired) / r.Window.Seconds(),

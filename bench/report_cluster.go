@@ -65,17 +65,22 @@ func (r *Report) evaluateCluster(skip func(name, why string)) {
 		if t1 := r.findCluster(TicketdCluster, 1); t1 != nil && t1 != t {
 			got += "; at depth 1 " + fmtRatio(t1.PairsPerSec/e.PairsPerSec)
 		}
-		r.Targets = append(r.Targets, Target{name, got, verdict(ratio >= clusterVsEtcd)})
+		got, clean := withLosses(got, t)
+		r.Targets = append(r.Targets, Target{name, got, verdict(ratio >= clusterVsEtcd && clean)})
 	}
 	name = fmt.Sprintf("cluster: ticketd p99 at depth 1 < %s", fmtDur(clusterDepth1P99))
 	if t1 := r.findCluster(TicketdCluster, 1); t1 == nil {
 		skip(name, "the ticketd cluster did not run at depth 1")
 	} else {
-		r.Targets = append(r.Targets, Target{name, fmtDur(t1.P99), verdict(t1.P99 < clusterDepth1P99)})
+		got, clean := withLosses(fmtDur(t1.P99), t1)
+		r.Targets = append(r.Targets, Target{name, got, verdict(t1.P99 < clusterDepth1P99 && clean)})
 	}
 	name = fmt.Sprintf("cluster: after kill -9 of a leader's node, its shards answered again within %s", fmtDur(clusterFailoverIn))
 	if f := r.Cluster.Failover; f == nil || len(f.Shards) == 0 {
 		skip(name, "the failover run did not run")
+	} else if len(f.KilledShards) == 0 {
+		// Nothing to judge: a gap of 0 on no shard is no recovery.
+		r.Targets = append(r.Targets, Target{name, "no shard known to be led by the killed node (no leaders in the logs)", verdict(false)})
 	} else {
 		got := fmt.Sprintf("gap %s (no answer for %s, a request waited up to %s)", fmtDur(f.Gap), fmtDur(f.Quiet), fmtDur(f.MaxLatency))
 		ok := f.Gap <= clusterFailoverIn && len(f.Unrecovered) == 0
@@ -84,6 +89,16 @@ func (r *Report) evaluateCluster(skip func(name, why string)) {
 		}
 		r.Targets = append(r.Targets, Target{name, got, verdict(ok)})
 	}
+}
+
+// withLosses adds to got what a run without faults should not have had:
+// connections ended by E unavailable or closed, with their requests; clean
+// is false if there were any (the run's figures leave those requests out).
+func withLosses(got string, x *Row) (string, bool) {
+	if x.Reconnects == 0 && x.Lost == 0 {
+		return got, true
+	}
+	return got + fmt.Sprintf(" (depth %d: %d reconnects, %d after E unavailable, %d requests lost)", x.Depth, x.Reconnects, x.Unavailable, x.Lost), false
 }
 
 func (r *Report) mdCluster(w func(string, ...any), failoverChart string) {

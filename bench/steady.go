@@ -320,26 +320,17 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 	deep := slices.Max(r.plan.SteadyDepths)
 	def, ok1 := sr.roleStat(RoleDefault, deep)
 	perCore, ok2 := sr.roleStat(RolePerCore, deep)
-	echoes := []SteadyStat{}
-	for _, role := range []SteadyRole{RoleEchoOne, RoleCeiling} {
-		if e, ok := sr.roleStat(role, deep); ok {
-			echoes = append(echoes, e)
-		}
-	}
-	if !ok1 || !ok2 || len(echoes) == 0 {
+	echo, ok3 := sr.roleStat(RoleCeiling, deep)
+	if !ok1 || !ok2 || !ok3 {
 		skip(spreadName, "a set-up did not run")
 		skip(tradeName, "a set-up did not run")
 		skip(ceilingName, "a set-up did not run")
 		return
 	}
-	echoSpread := 0.0
-	for _, e := range echoes {
-		echoSpread = max(echoSpread, e.Spread)
-	}
 	r.Targets = append(r.Targets, Target{spreadName,
 		fmt.Sprintf("%.0f%% over %d runs (%s to %s pairs/s); echo %.0f%%", 100*def.Spread, def.Runs,
-			human(def.Min), human(def.Max), 100*echoSpread),
-		verdict(def.Spread < 0.15 || def.Spread <= echoSpread)})
+			human(def.Min), human(def.Max), 100*echo.Spread),
+		verdict(def.Spread < 0.15 || def.Spread <= echo.Spread)})
 	ratio := def.Median / perCore.Median
 	r.Targets = append(r.Targets, Target{tradeName,
 		fmt.Sprintf("%s vs %s pairs/s (medians) = %.0f%%", human(def.Median), human(perCore.Median), 100*ratio),

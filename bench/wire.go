@@ -25,7 +25,7 @@ type outcome uint8
 
 const (
 	outAcquired    outcome = iota + 1 // granted; token (ticketd) or value (Redis) releases it
-	outRefused                        // T, B, or Redis nil: no grant, pair over
+	outRefused                        // T, or Redis nil: no grant, pair over
 	outReleased                       // R, or Redis 1
 	outNotReleased                    // N, or Redis 0
 )
@@ -96,8 +96,13 @@ func parseAnswer(buf []byte, c *conn) (int, int32, outcome, uint64, error) {
 			return 0, 0, 0, 0, fmt.Errorf("answer %q for an owner this connection has not sent", buf[:n-1])
 		}
 		out := outAcquired
-		if a.Kind != 'A' {
+		switch a.Kind {
+		case 'T':
 			out = outRefused
+		case 'B':
+			// The bench's loads stay within the server's default limits:
+			// a full queue means the scenario or the server is wrong.
+			return 0, 0, 0, 0, fmt.Errorf("%w: %q: a queue full under the default limits", ErrServer, buf[:n-1])
 		}
 		return n, si, out, a.Token, nil
 	case 'R', 'N':
