@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -68,9 +69,9 @@ type Options struct {
 	// it room without lengthening the ticks, which would take away the
 	// load under which transfers fail.
 	quiesceMax, quietFor time.Duration
-	// memberAttempt, when set, runs before each attempt of a membership
-	// change, with the NodeHost in use: a test holds an attempt there
-	// while the node closes.
+	// memberAttempt, when set, runs before each read of a shard's members
+	// for a membership change, with the NodeHost in use: a test holds an
+	// attempt there while the node closes.
 	memberAttempt func()
 }
 
@@ -855,7 +856,9 @@ func (g *group) proposer() {
 			if o := g.n.opt.BatchCommands; o != nil {
 				o.Observe(float64(count))
 			}
+			g.n.wg.Add(1) // Close waits: Dragonboat's Propose is not safe against its Close
 			go func() {
+				defer g.n.wg.Done()
 				defer func() { <-g.slots }()
 				ok, gaveUp := g.proposeOrGiveUp(h, body)
 				// Settled either way: committed, or given up (its
@@ -1195,6 +1198,11 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 	start := time.Now()
 	n.stats.proposals.Add(1)
 	for attempt := 0; ; attempt++ {
+		select {
+		case <-n.stop:
+			return false, false
+		default:
+		}
 		if attempt > 0 {
 			n.stats.retries.Add(1)
 			waited, leaderless := time.Since(start), g.leaderlessFor()
@@ -1277,16 +1285,18 @@ func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}) (dr
 	select {
 	case r := <-rs.ResultC():
 		return r, true
+	case <-g.n.stop: // Close waits for this proposal; the next attempt sees the stop
 	case <-changed:
 		if g.leader.Load() == 0 {
 			select { // no leader yet: the next change, or the timeout
 			case r := <-rs.ResultC():
 				return r, true
 			case <-g.leaderChanged():
+			case <-g.n.stop:
 			}
 		}
-		return dragonboat.RequestResult{}, false
 	}
+	return dragonboat.RequestResult{}, false
 }
 
 // fail answers why (an E unavailable) to the connections whose requests
@@ -1440,7 +1450,9 @@ func (n *Node) runTimers(expires, waits *[]shard.Command) int64 {
 		}
 		n.stats.expiries.Add(int64(count))
 		g.timerRun.Store(true)
+		n.wg.Add(1)
 		go func() {
+			defer n.wg.Done()
 			defer n.kickTimers()
 			defer g.timerRun.Store(false)
 			g.propose(header{node: n.opt.NodeID, inc: n.inc, count: count}, b)
@@ -1725,7 +1737,9 @@ func (n *Node) reapLoop() {
 			}
 			n.stats.reaped.Add(int64(count))
 			g.reapRun.Store(true)
+			n.wg.Add(1)
 			go func() {
+				defer n.wg.Done()
 				defer g.reapRun.Store(false)
 				g.propose(header{node: self, inc: n.inc, count: count}, b)
 			}()
@@ -1842,14 +1856,30 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 	}
 	for _, g := range n.grps {
 		// A change forwarded to a leader that just went is lost silently
-		// (like a proposal): each step is tried in short attempts, checked
-		// against the members this node has applied before each one.
-		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(old)]; return !ok },
-			func(ctx context.Context) error { return n.nh.SyncRequestDeleteReplica(ctx, g.id, uint64(old), 0) }); err != nil {
+		// (like a proposal): each step is tried in short attempts, each
+		// against the members read through the log just before, and
+		// ordered after them (their config change id): a change another
+		// replace made in between fails it, and the next read shows that.
+		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(old)]; return !ok }, nil,
+			func(ctx context.Context, cc uint64) error {
+				return n.nh.SyncRequestDeleteReplica(ctx, g.id, uint64(old), cc)
+			}); err != nil {
 			return fmt.Errorf("shard %d: removing node %d: %w", g.idx, old, err)
 		}
-		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(new)]; return ok },
-			func(ctx context.Context) error { return n.nh.SyncRequestAddReplica(ctx, g.id, uint64(new), addr, 0) }); err != nil {
+		full := func(m map[uint64]string) error {
+			if len(m) >= len(n.opt.Peers) {
+				// Another replace added its node in between (two run
+				// at once): adding this one too would make the shard
+				// one member larger, with a member nobody starts.
+				return fmt.Errorf("replica: shard %d has its %d members already (%v): another replace ran at the same time; check the members (/debug/cluster) before anything else",
+					g.idx, len(m), slices.Sorted(maps.Keys(m)))
+			}
+			return nil
+		}
+		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(new)]; return ok }, full,
+			func(ctx context.Context, cc uint64) error {
+				return n.nh.SyncRequestAddReplica(ctx, g.id, uint64(new), addr, cc)
+			}); err != nil {
 			return fmt.Errorf("shard %d: adding node %d: %w", g.idx, new, err)
 		}
 		n.log.Info("shard members changed", zap.Int("shard", g.idx), zap.Uint32("removed", old), zap.Uint32("added", new), zap.String("addr", addr))
@@ -1865,69 +1895,115 @@ var replaceSeenDown = 5 * time.Second
 // checkReplace refuses a replace that would cost a shard its quorum or add
 // a member nobody will start: old must be a member of every shard not yet
 // changed (or the shard a member short: a replace cut short between its
-// steps), and unreachable over raft (a replace is for a node whose data
-// dir is lost, which is down: taking out a live one, by a wrong id, would
-// leave a shard with two live members of three while the lost one is
-// still counted); new must not be a member yet, nor addr another member's.
-// A shard already changed (old out, new in) is skipped, so a replace that
-// was cut short can be run again.
+// steps), and down (a replace is for a node whose data dir is lost, which
+// is down: taking out a live one, by a wrong id, would leave a shard with
+// two live members of three while the lost one is still counted); new must
+// not be a member yet, nor addr another member's. A shard already changed
+// (old out, new in) is skipped, so a replace that was cut short can be run
+// again. The members are read through the log, so a shard still loading,
+// or without quorum, is waited for (bounded), never taken as empty.
 func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) error {
+	var oldAddrs []string
 	for _, g := range n.grps {
-		// Raft never takes a removed id back: the add would be refused
-		// for ever, with old already out.
-		mctx, cancel := context.WithTimeout(ctx, time.Second)
-		m, err := n.nh.SyncGetShardMembership(mctx, g.id)
-		cancel()
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
+		mb, err := n.shardMembers(ctx, g)
 		if err != nil {
-			continue // no quorum now: the change itself waits for one
+			return err
 		}
-		if _, gone := m.Removed[uint64(new)]; gone {
+		m := mb.Nodes
+		if _, gone := mb.Removed[uint64(new)]; gone {
+			// Raft never takes a removed id back: the add would be
+			// refused for ever, with old already out.
 			return fmt.Errorf("replica: node %d was removed from shard %d before, and raft does not take a removed id back: give the new node an id never used", new, g.idx)
+		}
+		oldAddr, hasOld := m[uint64(old)]
+		_, hasNew := m[uint64(new)]
+		switch {
+		case !hasOld && hasNew:
+			continue // changed before
+		case hasNew:
+			return fmt.Errorf("replica: node %d is already a member of shard %d", new, g.idx)
+		case !hasOld && len(m) >= len(n.opt.Peers):
+			// Not a replace cut short between its two steps (which
+			// leaves the shard a member short): a wrong id.
+			return fmt.Errorf("replica: node %d is not a member of shard %d", old, g.idx)
+		}
+		for id, a := range m {
+			if a == addr && id != uint64(old) {
+				return fmt.Errorf("replica: %s is the raft address of node %d", addr, id)
+			}
+		}
+		if hasOld && !slices.Contains(oldAddrs, oldAddr) {
+			oldAddrs = append(oldAddrs, oldAddr)
 		}
 	}
 	seenUp := time.Now().Add(replaceSeenDown)
 	for {
-		info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
-		if info == nil {
-			return errStopping
-		}
-		n.mu.Lock()
-		reach := maps.Clone(n.reach)
-		n.mu.Unlock()
-		up := false
-		for _, si := range info.ShardInfoList {
-			m := si.Replicas
-			oldAddr, hasOld := m[uint64(old)]
-			_, hasNew := m[uint64(new)]
-			switch {
-			case !hasOld && hasNew:
-				continue // changed before
-			case hasNew:
-				return fmt.Errorf("replica: node %d is already a member of shard %d", new, si.ShardID-1)
-			case !hasOld && len(m) >= len(n.opt.Peers):
-				// Not a replace cut short between its two steps (which
-				// leaves the shard a member short): a wrong id.
-				return fmt.Errorf("replica: node %d is not a member of shard %d", old, si.ShardID-1)
+		up := ""
+		for _, a := range oldAddrs {
+			// Dialled afresh: this node's own raft connection to old says
+			// little (a follower sends to leaders alone, and one not used
+			// since old stopped still counts as up).
+			if listening(ctx, a) {
+				up = a
+				break
 			}
-			for id, a := range m {
-				if a == addr && id != uint64(old) {
-					return fmt.Errorf("replica: %s is the raft address of node %d", addr, id)
-				}
-			}
-			up = up || hasOld && reach[oldAddr]
 		}
-		if !up {
+		if up == "" {
 			return nil
 		}
 		if time.Now().After(seenUp) {
-			return fmt.Errorf("replica: node %d is reachable over raft: a replace takes out a node whose data dir is lost, which is down; stop it first, and check the ids", old)
+			return fmt.Errorf("replica: node %d is up (its raft address %s takes connections): a replace takes out a node whose data dir is lost, which is down; stop it first, and check the ids", old, up)
 		}
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// listening tells whether addr accepts a TCP connection within a second. A
+// variable for tests.
+var listening = func(ctx context.Context, addr string) bool {
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// memberRead bounds shardMembers. A variable for tests.
+var memberRead = 15 * time.Second
+
+// shardMembers reads g's members through its log (a linearizable read),
+// retrying for up to memberRead: a shard still loading (just after a
+// start) or without quorum has none to give yet.
+func (n *Node) shardMembers(ctx context.Context, g *group) (*dragonboat.Membership, error) {
+	until := time.Now().Add(memberRead)
+	for {
+		if n.opt.memberAttempt != nil {
+			n.opt.memberAttempt()
+		}
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		mctx, cancel := context.WithTimeout(ctx, time.Second)
+		m, err := n.nh.SyncGetShardMembership(mctx, g.id)
+		cancel()
+		switch {
+		case err == nil:
+			return m, nil
+		case errors.Is(err, dragonboat.ErrClosed):
+			return nil, errStopping
+		case ctx.Err() == nil && time.Now().After(until):
+			return nil, fmt.Errorf("replica: shard %d: cannot read its members within %v (no quorum, or still loading): %w", g.idx, memberRead, err)
+		}
+		select {
+		case <-ctx.Done():
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -1975,35 +2051,36 @@ func (n *Node) untilStop(ctx context.Context) (context.Context, context.CancelFu
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// changeMembers runs change until done reports it applied here, or ctx ends.
-func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64]string) bool, change func(context.Context) error) error {
+// changeMembers runs change until done reports it applied, or ctx ends.
+// Before each attempt it reads the members through the log; check, if not
+// nil, may refuse the change on them, and change gets their config change
+// id, so that it fails if the members changed after the read.
+func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64]string) bool,
+	check func(map[uint64]string) error, change func(ctx context.Context, cc uint64) error) error {
 	var last error
 	for {
-		if n.opt.memberAttempt != nil {
-			n.opt.memberAttempt()
-		}
-		info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
-		if info == nil {
-			return errStopping
-		}
-		for _, si := range info.ShardInfoList {
-			if si.ShardID == g.id && done(si.Replicas) {
-				return nil
+		m, err := n.shardMembers(ctx, g)
+		if err != nil {
+			if last != nil && !errors.Is(err, errStopping) {
+				return fmt.Errorf("%w (the last attempt: %v)", err, last)
 			}
+			return err
 		}
-		if ctx.Err() != nil {
-			if c := context.Cause(ctx); last == nil || errors.Is(c, errStopping) {
-				last = c
+		if done(m.Nodes) {
+			return nil
+		}
+		if check != nil {
+			if err := check(m.Nodes); err != nil {
+				return err
 			}
-			return last
 		}
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		last = change(actx)
+		last = change(actx, m.ConfigChangeID)
 		cancel()
 		if errors.Is(last, dragonboat.ErrInvalidAddress) || errors.Is(last, dragonboat.ErrInvalidOperation) {
 			// No retry changes these. (ErrRejected may: an attempt that
-			// timed out but committed makes the next one a repeat, and
-			// the check above finds it done once applied here.)
+			// timed out but committed, or a change made in between,
+			// makes the next read differ.)
 			return last
 		}
 		if last != nil {
@@ -2425,7 +2502,14 @@ func (n *Node) notice(idx int, node uint32, kind uint64, stamp int64) {
 			return
 		}
 		if node != n.opt.NodeID {
-			go g.drain(h, time.Now().Add(limit))
+			// Applied on Dragonboat's goroutine, which n.wg does not
+			// cover: enter keeps Close from closing the NodeHost under it.
+			if leave, err := n.enter(); err == nil {
+				go func() {
+					defer leave()
+					g.drain(h, time.Now().Add(limit))
+				}()
+			}
 		}
 	}
 }
@@ -2443,6 +2527,11 @@ func (g *group) drain(h *holdOn, until time.Time) {
 			return
 		case <-tick.C:
 		}
+	}
+	select {
+	case <-g.n.stop:
+		return
+	default:
 	}
 	g.notify(noticeDrained, h.done, until)
 }

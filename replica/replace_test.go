@@ -1,0 +1,144 @@
+package replica
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+	"go.uber.org/zap/zaptest"
+)
+
+// appliedMembers is every shard's members as n has applied them.
+func appliedMembers(n *Node) map[uint64][]uint64 {
+	out := map[uint64][]uint64{}
+	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+	if info == nil {
+		return out
+	}
+	for _, si := range info.ShardInfoList {
+		ids := slices.Sorted(maps.Keys(si.Replicas))
+		out[si.ShardID-1] = ids
+	}
+	return out
+}
+
+// A replace run on a node that has just started, its shards still loading
+// (Dragonboat lists a loading shard with no members), takes old out before
+// it adds new: a shard that got new beside old would count a dead member,
+// two live of four, no quorum until new starts.
+func TestReplaceRightAfterARestartRemovesFirst(t *testing.T) {
+	c := newTestCluster(t, 4)
+	c.stop(2) // node 3 is lost
+	c.stop(0) // node 1 restarts; the operator runs the replace on it at once
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = 1, c.peers, c.dirs[0]
+	opt.Logger = zaptest.NewLogger(t).Named("n1again")
+	n, err := Start(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	var pending []uint64
+	if info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true}); info != nil {
+		for _, si := range info.ShardInfoList {
+			if si.Pending || len(si.Replicas) == 0 {
+				pending = append(pending, si.ShardID-1)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr4 := freePort(t)
+	if err := n.Replace(ctx, 3, 4, addr4); err != nil {
+		t.Fatalf("replace: %v (shards pending at the call: %v)", err, pending)
+	}
+	time.Sleep(500 * time.Millisecond)
+	for sh, ids := range appliedMembers(n) {
+		if slices.Contains(ids, 3) || len(ids) != 3 {
+			t.Errorf("shard %d has members %v after Replace(3 -> 4) returned nil (shards pending when it was called: %v): "+
+				"node 3 (down) is still counted and node 4 is not started, so the shard has 2 live members of 4, no quorum", sh, ids, pending)
+		}
+	}
+	t.Logf("shards loading at the call: %v", pending)
+}
+
+// A node that never opened a raft connection to a live peer (a follower
+// sends to leaders alone) must not take its silence for "down": a replace
+// of that peer is refused.
+func TestReplaceRefusesALiveNodeItNeverReached(t *testing.T) {
+	c := newTestCluster(t, 1) // one shard, led by node 1 (its preferred node)
+	// Node 3 was lost and replaced by node 4, which joined: a joining
+	// follower sends only to the leader, so it never connects to node 2.
+	c.stop(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c.replaceThird(ctx)
+	c.startAs(2, 4, true)
+	c.waitReady()
+	c.waitLeads([]int{0}, 15*time.Second)
+	time.Sleep(time.Second)
+	from, old := 2, 1 // slot 2 is node 4; slot 1 is node 2, up and serving
+	n := c.nodes[from]
+	n.mu.Lock()
+	r, seen := n.reach[c.peers[2]]
+	n.mu.Unlock()
+	t.Logf("node 4's view of node 2 (live): reach=%v, known=%v", r, seen)
+	err := c.nodes[from].Replace(ctx, uint32(old+1), 5, freePort(t))
+	if err == nil {
+		time.Sleep(300 * time.Millisecond)
+		t.Errorf("Replace on node %d took out node %d, which is up and serving (members now %v): "+
+			"node %d never connected to it, so reach was false", n.opt.NodeID, old+1, appliedMembers(c.nodes[0]), n.opt.NodeID)
+		select {
+		case <-c.nodes[old].Failed():
+			t.Logf("the live node stopped: %v", c.nodes[old].Err())
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// Two replaces of one lost node at once (two operators, two nodes) both
+// pass their checks; their adds are ordered by the members' config change
+// id, so only one goes through and the other says so.
+func TestConcurrentReplacesAddOneNode(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.stop(2) // node 3 is lost
+	var mu sync.Mutex
+	arrived := 0
+	all := make(chan struct{})
+	barrier := func() {
+		mu.Lock()
+		arrived++
+		if arrived == 2 {
+			close(all)
+		}
+		mu.Unlock()
+		select {
+		case <-all:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	c.nodes[0].opt.memberAttempt = barrier
+	c.nodes[1].opt.memberAttempt = barrier
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- c.nodes[0].Replace(ctx, 3, 4, freePort(t)) }()
+	go func() { errs <- c.nodes[1].Replace(ctx, 3, 5, freePort(t)) }()
+	e1, e2 := <-errs, <-errs
+	time.Sleep(300 * time.Millisecond)
+	ids := appliedMembers(c.nodes[0])[0]
+	t.Logf("errors %v / %v, members %v, barrier arrivals %d", e1, e2, ids, arrived)
+	lost := e1
+	if lost == nil {
+		lost = e2
+	}
+	if (e1 == nil) == (e2 == nil) || len(ids) != 3 || !strings.Contains(lost.Error(), "another replace ran") {
+		t.Errorf("two replaces of node 3 (by 4 and by 5) at once: errors %v / %v, shard 0 members %v: "+
+			"an even membership with a member nobody starts", e1, e2, ids)
+	}
+}
