@@ -29,12 +29,14 @@ run: build
 # ./ticketd-cluster; Ctrl-C reaches all three (same process group) and the
 # trap makes sure none is left behind.
 CLUSTER_PEERS := 1=127.0.0.1:7421,2=127.0.0.1:7422,3=127.0.0.1:7423
+# --bootstrap on the first run only (no ticketd-cluster/ yet): later runs
+# start the nodes on their data dirs.
 cluster: build
-	@mkdir -p ticketd-cluster; \
+	@first=; [ -d ticketd-cluster ] || first=--bootstrap; mkdir -p ticketd-cluster; \
 	trap 'kill $$p1 $$p2 $$p3 2>/dev/null; wait' INT TERM EXIT; \
 	for i in 1 2 3; do \
 		./$(BIN)/ticketd --node-id $$i --peers $(CLUSTER_PEERS) --listen 127.0.0.1:741$$i \
-			--admin 127.0.0.1:749$$i --data-dir ticketd-cluster/n$$i $(ARGS) & eval p$$i=$$!; \
+			--admin 127.0.0.1:749$$i --data-dir ticketd-cluster/n$$i $$first $(ARGS) & eval p$$i=$$!; \
 	done; \
 	echo "cluster: clients use --addr 127.0.0.1:7411,127.0.0.1:7412,127.0.0.1:7413; Ctrl-C stops it"; \
 	wait

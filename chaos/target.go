@@ -100,7 +100,7 @@ func newCluster(bin, dir string, useNetns bool, logf func(string, ...any)) (*tar
 		t.nodes = append(t.nodes, n)
 	}
 	for _, n := range t.nodes {
-		n.args = serverproc.TicketdArgs(n.listen, n.dataDir, "--node-id", strconv.Itoa(n.id), "--peers", strings.Join(peers, ","),
+		n.args = serverproc.TicketdArgs(n.listen, n.dataDir, "--node-id", strconv.Itoa(n.id), "--peers", strings.Join(peers, ","), "--bootstrap",
 			"--admin", n.admin, "--shards", strconv.Itoa(campaignShards), "--max-clock-skew", clusterSkew.String(),
 			"--unavailable-timeout", clusterUnavailable.String(), "--unsafe-test-clock-offset-file", n.clock)
 		if t.net != nil {

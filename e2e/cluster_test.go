@@ -56,7 +56,7 @@ func startCluster(t *testing.T, flags ...string) *cluster {
 func (c *cluster) start(i int) {
 	c.t.Helper()
 	flags := append([]string{
-		"--node-id", fmt.Sprint(i + 1), "--peers", c.peers, "--listen", c.listen[i],
+		"--node-id", fmt.Sprint(i + 1), "--peers", c.peers, "--listen", c.listen[i], "--bootstrap",
 		"--shards", "4", "--admin", "127.0.0.1:0", "--election-rtt", "20",
 	}, c.flags...)
 	c.nodes[i] = startServerDir(c.t, c.dirs[i], flags...)

@@ -65,7 +65,7 @@ func newTestClusterWith(t *testing.T, shards int, tune func(*Options)) *testClus
 // newStoppedCluster is a cluster of three nodes none of which has started.
 func newStoppedCluster(t *testing.T, shards int, tune func(*Options)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, peers: map[uint32]string{}, opt: Options{Shards: shards, RTT: 10 * time.Millisecond, ElectionRTT: 20}}
+	c := &testCluster{t: t, peers: map[uint32]string{}, opt: Options{Shards: shards, RTT: 10 * time.Millisecond, ElectionRTT: 20, Bootstrap: true}}
 	if tune != nil {
 		tune(&c.opt)
 	}

@@ -61,7 +61,7 @@ const identityFile = "cluster.json"
 // ErrDataDirInUse is returned when another process holds the data dir.
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
-func openDataDir(path string, node uint32, peers map[uint32]string, shards int, join bool) (*dataDir, error) {
+func openDataDir(path string, node uint32, peers map[uint32]string, shards int, join, bootstrap bool) (*dataDir, error) {
 	if err := atomicfile.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
@@ -105,6 +105,9 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 				path, old.Node)
 		}
 		id.Incarnation, id.RaftMade, id.ShardsMade, id.Limits, id.Join = old.Incarnation, old.RaftMade, old.ShardsMade, old.Limits, old.Join
+		// A start before this one got no raft state made: it acknowledged
+		// nothing, and was started as a founder or a joiner.
+		bootstrap = bootstrap || !old.RaftMade
 	case errors.Is(err, os.ErrNotExist):
 		if _, err := os.Stat(filepath.Join(path, "raft")); err == nil {
 			d.close()
@@ -125,6 +128,11 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 	fresh := errors.Is(err, os.ErrNotExist)
 	if fresh && join {
 		id.Join = true
+	}
+	if fresh && !join && !id.Join && !bootstrap {
+		d.close()
+		return nil, fmt.Errorf("data dir %q holds no cluster state: give every node --bootstrap on a new cluster's first start, or --join to a node that replaces a lost one (README: replacing a node); "+
+			"a node that ran before must find its own data dir (a typo in --data-dir, a disk that did not mount?): started afresh it would forget what it acknowledged", path)
 	}
 	id.Incarnation++
 	if id.Incarnation >= 1<<(64-connBits) {

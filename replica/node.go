@@ -35,9 +35,16 @@ type Options struct {
 	Peers  map[uint32]string // raft address of every node, this one's included
 	// Join: this node replaces a lost one and joins shards that already
 	// exist (after Node.Replace on a live node); used on its first start.
-	Join    bool
-	DataDir string
-	Shards  int
+	Join bool
+	// Bootstrap: the first start of a new cluster, whose nodes found the
+	// shards with Peers. Without it or Join, a data dir with no raft
+	// state is refused: a node that ran before and finds its data dir
+	// empty (a typo in the path, a disk that did not mount) would start
+	// afresh, having forgotten its votes and what it acknowledged.
+	// Ignored, with a warning, where the data dir has raft state.
+	Bootstrap bool
+	DataDir   string
+	Shards    int
 
 	MaxKeys          int // cluster-wide, split evenly over the shards; 0: unlimited
 	MaxWaitersPerKey int
@@ -302,9 +309,13 @@ func Start(opt Options) (*Node, error) {
 	setupLogging(opt.Logger)
 	set := settings{shards: opt.Shards, limits: limits{MaxKeys: opt.MaxKeys, MaxWaiters: opt.MaxWaiters, MaxWaitersPerKey: opt.MaxWaitersPerKey},
 		skew: int64(opt.MaxClockSkew)}
-	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards, opt.Join)
+	dir, err := openDataDir(opt.DataDir, opt.NodeID, opt.Peers, opt.Shards, opt.Join, opt.Bootstrap)
 	if err != nil {
 		return nil, err
+	}
+	if opt.Bootstrap && !dir.fresh {
+		opt.Logger.Warn("--bootstrap ignored: the data dir has this node's raft state; leave the flag out of later starts, so that one on an empty data dir is refused",
+			zap.String("data_dir", opt.DataDir))
 	}
 	n := &Node{
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,

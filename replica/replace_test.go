@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -141,4 +142,31 @@ func TestConcurrentReplacesAddOneNode(t *testing.T) {
 		t.Errorf("two replaces of node 3 (by 4 and by 5) at once: errors %v / %v, shard 0 members %v: "+
 			"an even membership with a member nobody starts", e1, e2, ids)
 	}
+}
+
+// A node that ran before and finds its data dir empty (a typo in the path,
+// a data disk that did not mount) is refused, not started afresh under its
+// old id: it would have forgotten its votes and the entries it
+// acknowledged. Only a new cluster's first start (Bootstrap) or a
+// replacement (Join) begins on an empty data dir.
+func TestNodeOnAnEmptyDataDirIsRefusedWithoutBootstrap(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.stop(2)
+	for _, dir := range []string{t.TempDir(), filepath.Join(t.TempDir(), "typo")} {
+		opt := c.opt
+		opt.NodeID, opt.Peers, opt.DataDir, opt.Bootstrap = 3, c.peers, dir, false
+		opt.Logger = zaptest.NewLogger(t).Named("n3")
+		n, err := Start(opt)
+		if err == nil {
+			n.Close()
+			t.Fatalf("node 3 started afresh on the empty data dir %s", dir)
+		}
+		if !strings.Contains(err.Error(), "holds no cluster state") || !strings.Contains(err.Error(), dir) {
+			t.Fatalf("refused with %v", err)
+		}
+	}
+	// Its own data dir, without Bootstrap, is fine.
+	c.opt.Bootstrap = false
+	c.start(2)
+	c.waitReady()
 }

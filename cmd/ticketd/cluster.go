@@ -26,6 +26,7 @@ type clusterFlags struct {
 	electionRTT        uint
 	snapshotEntries    uint64
 	join               bool
+	bootstrap          bool
 	clockOffsetFile    string
 
 	peers map[uint32]string
@@ -41,6 +42,7 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.raftRTT, "raft-rtt", 10*time.Millisecond, "cluster mode: the raft tick (a round trip between nodes, or more)")
 	fs.UintVar(&c.electionRTT, "election-rtt", 30, "cluster mode: election timeout in raft ticks")
 	fs.BoolVar(&c.join, "join", false, "cluster mode: this node replaces a lost one and joins the existing shards (README: replacing a node); only on its first start")
+	fs.BoolVar(&c.bootstrap, "bootstrap", false, "cluster mode: the first start of a new cluster, on empty data dirs (without it or --join, a node whose data dir holds no cluster state is refused); leave it out of later starts")
 	fs.Uint64Var(&c.snapshotEntries, "raft-snapshot-entries", 20000, "cluster mode: log entries per shard between snapshots (a lagging node catches up from the latest one)")
 	fs.StringVar(&c.clockOffsetFile, "unsafe-test-clock-offset-file", "", "FOR TESTS ONLY: read a signed offset (e.g. -1.5s) from this file every 50ms and add it to the wall clock this node stamps and times leases by")
 	fs.VisitAll(func(f *flag.Flag) {
@@ -66,7 +68,7 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 			if name == "peers" {
 				continue // --peers "" asks for single mode
 			}
-			if c.given[name] || name == "node-id" && c.nodeID != 0 || name == "join" && c.join {
+			if c.given[name] || name == "node-id" && c.nodeID != 0 || name == "join" && c.join || name == "bootstrap" && c.bootstrap {
 				return bad(name, "cluster mode only, given without --peers")
 			}
 		}
@@ -107,6 +109,9 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 	}
 	if c.snapshotEntries < 10 {
 		return bad("raft-snapshot-entries", "%d must be at least 10", c.snapshotEntries)
+	}
+	if c.bootstrap && c.join {
+		return bad("bootstrap", "with --join: a node founds a new cluster or joins one")
 	}
 	return nil
 }
@@ -172,6 +177,7 @@ func (c *clusterFlags) options(cfg *config) replica.Options {
 		UnavailableTimeout: c.unavailableTimeout,
 		SnapshotEntries:    c.snapshotEntries,
 		Join:               c.join,
+		Bootstrap:          c.bootstrap,
 	}
 }
 

@@ -78,6 +78,13 @@ func TestDurationFlags(t *testing.T) {
 			t.Errorf("--%s %s: %v; want an error naming the flag", tc.flag, tc.value, err)
 		}
 	}
+	if _, err := parseConfig([]string{"--bootstrap"}, io.Discard); err == nil || !strings.Contains(err.Error(), "bootstrap") {
+		t.Errorf("--bootstrap in single mode: %v; want an error naming it", err)
+	}
+	if _, err := parseConfig([]string{"--peers", "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3", "--node-id", "1", "--bootstrap", "--join"}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "bootstrap") {
+		t.Errorf("--bootstrap --join: %v; want an error naming --bootstrap", err)
+	}
 	for _, args := range [][]string{
 		{"--peers", ""}, // single mode, asked for by name
 		{"--max-lease", "720h"},

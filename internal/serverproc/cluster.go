@@ -45,9 +45,10 @@ func SupportsCluster(bin string) bool {
 
 // ClusterArgs is the command line of node id of a cluster whose raft
 // addresses are peers (id=host:port,...): logging JSON, a free client port,
-// an admin listener on a free port, then flags.
+// an admin listener on a free port, --bootstrap (a start on the data dir
+// of an earlier one ignores it), then flags.
 func ClusterArgs(id int, peers, dataDir string, flags ...string) []string {
-	args := TicketdArgs("", dataDir, "--node-id", strconv.Itoa(id), "--peers", peers, "--admin", "127.0.0.1:0")
+	args := TicketdArgs("", dataDir, "--node-id", strconv.Itoa(id), "--peers", peers, "--admin", "127.0.0.1:0", "--bootstrap")
 	return append(args, flags...)
 }
 
