@@ -132,6 +132,13 @@ type fsm struct {
 	clock      func() int64
 	covers     map[uint64]int64
 	coverPrune int // len(covers) at which setCover next drops what is due
+	// maxLate bounds a cover's lateness (0: no bound): no grant whose
+	// answer reaches a holder commits later than its proposer waits for it
+	// (the unavailable timeout, or one attempt's, and an abandoned attempt
+	// that commits after its retry within both), so more is this replica's
+	// own lag (cut off or paused while it ran, catching up from the log),
+	// which would hold those leases once it leads.
+	maxLate int64
 	// live: this replica has applied an entry of this run of its node, so
 	// what it applies commits while it runs. Entries before that are a
 	// replay of the log at start (or what committed while the node was
@@ -480,7 +487,11 @@ func (f *fsm) cover(ans []shard.Answer) {
 			if local == 0 {
 				local = f.clock()
 			}
-			if late := local - f.now; late > 0 {
+			late := local - f.now
+			if f.maxLate > 0 {
+				late = min(late, f.maxLate)
+			}
+			if late > 0 {
 				f.setCover(a.Token, a.Deadline+late, local)
 			}
 		case shard.Released:

@@ -970,3 +970,39 @@ func TestRestampKeepsAChangeOfLimitsStamp(t *testing.T) {
 		}
 	}
 }
+
+// A replica that lagged while it ran (its raft link cut, a long pause)
+// applies the grants it catches up on late; their holders' nodes answered
+// them on time. Once it leads the shard again (hand-back), it holds their
+// Expire back by no more than the lateness a commit can have (maxLate),
+// not by its own lag: a crashed holder's key would stay held that much
+// past its lease and the skew.
+func TestLaggingReplicaHoldsALeaseBackNoLongerThanACommitCanBeLate(t *testing.T) {
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	var local int64
+	f.skew, f.clock, f.inc, f.maxLate = 500e6, func() int64 { return local }, 1, 6e9
+
+	// Node 1 runs (its notice of this run applied: live).
+	local = 1e9
+	update(t, f, batch{h: header{node: 1, inc: 1, floor: noticeHandOver, stamp: 1e9}})
+	// Node 1 is cut off from 5 s to 65 s. At 10 s node 2's client is
+	// granted "k" for 120 s (deadline 130 s); node 1 applies it at 65 s.
+	local = 65e9
+	update(t, f, batch{h: header{node: 2, inc: 1, batch: 1, stamp: 10e9},
+		cmds: []shard.Command{acquire(requesterConn(1, 7), 1, "o", "k", 120_000, 0)}})
+
+	expires := func(now int64) int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		cmds, _ := f.dueExpires(now, f.t.Due(now-f.skew, nil), nil)
+		return len(cmds)
+	}
+	if n := expires(130e9 + f.skew + f.maxLate); n != 1 {
+		f.mu.Lock()
+		cover := f.covers[1]
+		f.mu.Unlock()
+		t.Fatalf("at lease end + skew + maxLate the leader proposes %d Expires, want 1: held back by a cover to %.1f s (the replica's 55 s lag)",
+			n, float64(cover)/1e9)
+	}
+}

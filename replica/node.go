@@ -398,6 +398,7 @@ func Start(opt Options) (*Node, error) {
 		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
 			f := newFSM(int(shardID-1), opt.NodeID, tcfg, n)
 			f.skew, f.timersMoved, f.inc, f.clock = int64(opt.MaxClockSkew), n.kickTimers, n.inc, n.now
+			f.maxLate = int64(opt.UnavailableTimeout + opt.ProposeTimeout + opt.MaxClockSkew)
 			g.fsm.Store(f)
 			return f
 		}
