@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/ticketd/ticketd/pprof"
 	"github.com/ticketd/ticketd/replica"
 )
 
@@ -65,7 +68,9 @@ func (a *admin) cluster(n *replica.Node) {
 			http.Error(w, "want old=ID&new=ID&addr=HOST:PORT (the new node's raft address)", http.StatusBadRequest)
 			return
 		}
-		if err := n.Replace(r.Context(), uint32(old), uint32(nw), q.Get("addr")); err != nil {
+		ctx, cancel := operatorContext(r)
+		defer cancel()
+		if err := n.Replace(ctx, uint32(old), uint32(nw), q.Get("addr")); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -90,7 +95,9 @@ func (a *admin) cluster(n *replica.Node) {
 			}
 			v[i] = int(n)
 		}
-		if err := n.SetLimits(r.Context(), v[0], v[1], v[2]); err != nil {
+		ctx, cancel := operatorContext(r)
+		defer cancel()
+		if err := n.SetLimits(ctx, v[0], v[1], v[2]); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -101,4 +108,12 @@ func (a *admin) cluster(n *replica.Node) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status(r.URL.Query().Get("digest") == "1"))
 	}))
+}
+
+// operatorContext bounds an operator's call (a replace, a change of limits)
+// within the admin server's write timeout, so that its outcome, an error
+// naming where it stopped included, reaches the caller rather than being
+// cut off while the call goes on.
+func operatorContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), pprof.DefaultWriteTimeout-5*time.Second)
 }
