@@ -451,6 +451,39 @@ func (n *Node) Attach(srv *netloop.Server) {
 	go n.membersLoop()
 	go n.quorumLoop()
 	go n.reapLoop()
+	if n.opt.Join || n.dir.id.Join {
+		n.wg.Add(1)
+		go n.joinWatch()
+	}
+}
+
+// joinWarnEvery is how often a joining node that no shard has reached says
+// so. A variable for tests.
+var joinWarnEvery = 15 * time.Second
+
+// joinWatch warns, until some shard knows a leader, that a joining node has
+// heard from none: it joins only once a replace on a live node added it,
+// and a wrong --node-id, or a replace not run, would leave it unready
+// without a word.
+func (n *Node) joinWatch() {
+	defer n.wg.Done()
+	t := time.NewTicker(joinWarnEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		for _, g := range n.grps {
+			if g.leader.Load() != 0 {
+				return
+			}
+		}
+		n.log.Warn("joining: no shard has heard from its members yet; a node joins once a replace on a live node added it "+
+			"(POST /cluster/replace?old=LOST&new=THIS_ID&addr=THIS_RAFT_ADDRESS): check that it ran, and this node's --node-id and raft address",
+			zap.Uint32("node", n.opt.NodeID), zap.String("raft_address", n.opt.Peers[n.opt.NodeID]))
+	}
 }
 
 // Handle implements netloop.Backend: every request becomes a command in its

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // appliedMembers is every shard's members as n has applied them.
@@ -169,4 +171,33 @@ func TestNodeOnAnEmptyDataDirIsRefusedWithoutBootstrap(t *testing.T) {
 	c.opt.Bootstrap = false
 	c.start(2)
 	c.waitReady()
+}
+
+// A node started to join that no replace added (a wrong --node-id, a
+// replace not run) hears from no shard: it says so, and why that may be,
+// rather than wait unready without a word.
+func TestJoiningNodeNobodyAddedSaysSo(t *testing.T) {
+	defer func(d time.Duration) { joinWarnEvery = d }(joinWarnEvery)
+	joinWarnEvery = 200 * time.Millisecond
+	c := newTestCluster(t, 1)
+	core, logs := observer.New(zap.WarnLevel)
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir, opt.Join, opt.Bootstrap = 9, maps.Clone(c.peers), t.TempDir(), true, false
+	delete(opt.Peers, 3) // as after a replace of node 3 by node 9: one that was never run
+	opt.Peers[9] = freePort(t)
+	opt.Logger = zap.New(core)
+	n, err := Start(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	n.wg.Add(1)
+	go n.joinWatch()
+	deadline := time.Now().Add(10 * time.Second)
+	for logs.FilterMessageSnippet("no shard has heard from its members").Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no warning in 10 s from a joining node no replace added")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
