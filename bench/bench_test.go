@@ -30,8 +30,9 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-// startEchoInProcess is a plain echo server for generator tests.
-func startEchoInProcess(t *testing.T) string {
+// serveConns listens on loopback until the test ends and runs handle on
+// every connection, each on its own goroutine; it returns the address.
+func serveConns(t *testing.T, handle func(nc net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -43,11 +44,40 @@ func startEchoInProcess(t *testing.T) string {
 			if err != nil {
 				return
 			}
-			go func() { io.Copy(nc, nc); nc.Close() }()
+			go handle(nc)
 		}
 	}()
 	t.Cleanup(func() { ln.Close() })
 	return ln.Addr().String()
+}
+
+// startEchoInProcess is a plain echo server for generator tests.
+func startEchoInProcess(t *testing.T) string {
+	return serveConns(t, func(nc net.Conn) { io.Copy(nc, nc); nc.Close() })
+}
+
+// stallingEcho echoes, but holds what arrives between from and to after a
+// connection's accept until to.
+func stallingEcho(t *testing.T, from, to time.Duration) string {
+	return serveConns(t, func(nc net.Conn) {
+		defer nc.Close()
+		t0 := time.Now()
+		b := make([]byte, 64<<10)
+		for {
+			n, err := nc.Read(b)
+			if s := time.Since(t0); s >= from && s < to {
+				time.Sleep(to - s)
+			}
+			if n > 0 {
+				if _, werr := nc.Write(b[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
 }
 
 func checkPairs(t *testing.T, res *Result) {
@@ -117,26 +147,9 @@ func TestOpenLoopKeepsRate(t *testing.T) {
 // A server that stops answering for a while is charged for the acquires
 // that were due meanwhile: open-loop latency counts from the intended time.
 func TestOpenLoopChargesStalls(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	const stall = 150 * time.Millisecond
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer nc.Close()
-				time.Sleep(stall) // the first requests wait here; the rest echo at once
-				io.Copy(nc, nc)
-			}()
-		}
-	}()
-	res, err := Run(ctxT(t), Load{System: Echo, Addr: ln.Addr().String(), Conns: 1, Rate: 1000,
+	addr := stallingEcho(t, 0, stall) // the first requests wait; the rest echo at once
+	res, err := Run(ctxT(t), Load{System: Echo, Addr: addr, Conns: 1, Rate: 1000,
 		Duration: 400 * time.Millisecond, Keys: Dist{Keys: 10}})
 	if err != nil {
 		t.Fatal(err)
@@ -211,22 +224,11 @@ func TestContendedFairOnFake(t *testing.T) {
 }
 
 func TestServerErrorStopsTheRun(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			nc.Write([]byte("E syntax wrong field count\n"))
-			nc.Close()
-		}
-	}()
-	_, err = Run(ctxT(t), Load{System: Ticketd, Addr: ln.Addr().String(), Conns: 1,
+	addr := serveConns(t, func(nc net.Conn) {
+		nc.Write([]byte("E syntax wrong field count\n"))
+		nc.Close()
+	})
+	_, err := Run(ctxT(t), Load{System: Ticketd, Addr: addr, Conns: 1,
 		Duration: time.Second, Keys: Dist{Keys: 10}})
 	if err == nil || !strings.Contains(err.Error(), "E syntax") {
 		t.Fatalf("err = %v, want the server's E answer", err)

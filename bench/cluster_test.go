@@ -18,30 +18,16 @@ import (
 // or dies does.
 func closingServer(t *testing.T, want int, last string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
+	return serveConns(t, func(nc net.Conn) {
+		defer nc.Close()
+		rd := bufio.NewReader(nc)
+		for range want {
+			if _, err := rd.ReadString('\n'); err != nil {
 				return
 			}
-			go func() {
-				defer nc.Close()
-				rd := bufio.NewReader(nc)
-				for range want {
-					if _, err := rd.ReadString('\n'); err != nil {
-						return
-					}
-				}
-				nc.Write([]byte(last))
-			}()
 		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return ln.Addr().String()
+		nc.Write([]byte(last))
+	})
 }
 
 // A connection ended by E unavailable, or closed, is dialled again to the

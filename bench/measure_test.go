@@ -24,57 +24,42 @@ type policy func(req *codec.Request, sinceAccept time.Duration, tok uint64) (ans
 // table behind it: pol decides every answer.
 func startScripted(t *testing.T, pol policy) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var tok atomic.Uint64
-	var wg sync.WaitGroup
-	wg.Go(func() {
+	return serveConns(t, func(nc net.Conn) {
+		defer nc.Close()
+		t0 := time.Now()
+		var wmu sync.Mutex
+		write := func(b []byte) { wmu.Lock(); nc.Write(b); wmu.Unlock() }
+		var buf, out []byte
+		rd := make([]byte, 4096)
 		for {
-			nc, err := ln.Accept()
+			n, err := nc.Read(rd)
+			buf = append(buf, rd[:n]...)
+			out = out[:0]
+			for {
+				var req codec.Request
+				m, perr := codec.ParseRequest(buf, codec.Limits{}, &req)
+				if perr != nil || m == 0 {
+					break
+				}
+				a, hold := pol(&req, time.Since(t0), tok.Add(1))
+				buf = buf[m:]
+				switch {
+				case hold == 0:
+					out = append(out, a...)
+				case hold > 0:
+					a = bytes.Clone(a)
+					time.AfterFunc(hold, func() { write(a) })
+				}
+			}
+			if len(out) > 0 {
+				write(out)
+			}
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer nc.Close()
-				t0 := time.Now()
-				var wmu sync.Mutex
-				write := func(b []byte) { wmu.Lock(); nc.Write(b); wmu.Unlock() }
-				var buf, out []byte
-				rd := make([]byte, 4096)
-				for {
-					n, err := nc.Read(rd)
-					buf = append(buf, rd[:n]...)
-					out = out[:0]
-					for {
-						var req codec.Request
-						m, perr := codec.ParseRequest(buf, codec.Limits{}, &req)
-						if perr != nil || m == 0 {
-							break
-						}
-						a, hold := pol(&req, time.Since(t0), tok.Add(1))
-						buf = buf[m:]
-						switch {
-						case hold == 0:
-							out = append(out, a...)
-						case hold > 0:
-							a = bytes.Clone(a)
-							time.AfterFunc(hold, func() { write(a) })
-						}
-					}
-					if len(out) > 0 {
-						write(out)
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
 		}
 	})
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	return ln.Addr().String()
 }
 
 // grantAll grants every acquire and releases every release.
@@ -147,40 +132,9 @@ func TestLongestWaitCountsAWaitFromTheWarmUp(t *testing.T) {
 // middle. Its answers come in the drain, and the acquires due while it
 // lasted still go out, stamped when they were due.
 func TestOpenLoopChargesAStallAtTheWindowsEnd(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	const from, to = 460 * time.Millisecond, 800 * time.Millisecond // the window ends about 610ms in
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer nc.Close()
-				t0 := time.Now()
-				b := make([]byte, 64<<10)
-				for {
-					n, err := nc.Read(b)
-					if s := time.Since(t0); s >= from && s < to {
-						time.Sleep(to - s)
-					}
-					if n > 0 {
-						if _, werr := nc.Write(b[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	res, err := Run(ctxT(t), Load{System: Echo, Addr: ln.Addr().String(), Conns: 1, Rate: 1000,
+	addr := stallingEcho(t, from, to)
+	res, err := Run(ctxT(t), Load{System: Echo, Addr: addr, Conns: 1, Rate: 1000,
 		Warmup: 100 * time.Millisecond, Duration: 500 * time.Millisecond, Keys: Dist{Keys: 10}})
 	if err != nil {
 		t.Fatal(err)

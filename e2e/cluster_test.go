@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -186,38 +185,13 @@ func (c *cluster) signal(i int, sig syscall.Signal) {
 	}
 }
 
-// pause stops node i with SIGSTOP and returns once every thread of it has
-// stopped. kill returns when one thread has the signal; that thread stops
-// the others only once it runs, and on a loaded machine they can go on for
-// milliseconds meanwhile (long enough to ack a proposal sent after kill).
+// pause stops node i and returns once every thread of it has stopped
+// (serverproc.Proc.Pause).
 func (c *cluster) pause(i int) {
 	c.t.Helper()
-	c.signal(i, syscall.SIGSTOP)
-	pid := c.nodes[i].pid()
-	deadline := time.Now().Add(10 * time.Second)
-	for !allStopped(pid) {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("node %d (pid %d) not stopped 10s after SIGSTOP", i+1, pid)
-		}
-		time.Sleep(time.Millisecond)
+	if err := c.nodes[i].p.Pause(10 * time.Second); err != nil {
+		c.t.Fatalf("node %d: %v", i+1, err)
 	}
-}
-
-// allStopped reports whether every thread of process pid is stopped
-// (state T in its stat, after the command's closing parenthesis).
-func allStopped(pid int) bool {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil || len(tasks) == 0 {
-		return false
-	}
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-		i := bytes.LastIndexByte(b, ')')
-		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
-			return false
-		}
-	}
-	return true
 }
 
 // The protocol's tables, with each test's connections on different nodes.

@@ -19,6 +19,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ticketd/ticketd/internal/fscktest"
 	"github.com/ticketd/ticketd/internal/serverproc"
 	"github.com/ticketd/ticketd/netloop"
 )
@@ -996,20 +997,8 @@ func TestClusterRefusesANewLookingDataDirWithFilesInLostFound(t *testing.T) {
 	c := newTestCluster(t, 2)
 	c.stop(2)
 	dir := c.dirs[2]
-	lf := filepath.Join(dir, "lost+found")
-	if err := os.Mkdir(lf, 0o700); err != nil {
+	if err := fscktest.IntoLostFound(dir); err != nil {
 		t.Fatal(err)
-	}
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, e := range es {
-		if e.Name() != "lost+found" {
-			if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(lf, fmt.Sprintf("#%d", 1200+i))); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 	opt := c.opt
 	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, dir

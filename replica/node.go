@@ -453,7 +453,7 @@ func (n *Node) Attach(srv *netloop.Server) {
 	go n.reapLoop()
 	if n.opt.Join || n.dir.id.Join {
 		n.wg.Add(1)
-		go n.joinWatch()
+		go n.every(joinWarnEvery, n.joinWatch())
 	}
 }
 
@@ -461,24 +461,18 @@ func (n *Node) Attach(srv *netloop.Server) {
 // so. A variable for tests.
 var joinWarnEvery = 15 * time.Second
 
-// joinWatch warns, until some shard knows a leader, that a joining node has
-// heard from none: it joins only once a replace on a live node added it,
-// and a wrong --node-id, or a replace not run, would leave it unready
-// without a word.
-func (n *Node) joinWatch() {
-	defer n.wg.Done()
-	t := time.NewTicker(joinWarnEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		}
+// joinWatch is run every joinWarnEvery: until some shard knows a leader,
+// it warns that a joining node has heard from none. It joins only once a
+// replace on a live node added it, and a wrong --node-id, or a replace not
+// run, would leave it unready without a word.
+func (n *Node) joinWatch() func() {
+	heard := false
+	return func() {
 		for _, g := range n.grps {
-			if g.leader.Load() != 0 {
-				return
-			}
+			heard = heard || g.leader.Load() != 0
+		}
+		if heard {
+			return
 		}
 		n.log.Warn("joining: no shard has heard from its members yet; a node joins once a replace on a live node added it "+
 			"(POST /cluster/replace?old=LOST&new=THIS_ID&addr=THIS_RAFT_ADDRESS): check that it ran, and this node's --node-id and raft address",

@@ -95,7 +95,7 @@ func TestReplaceRefusesALiveNodeItNeverReached(t *testing.T) {
 	if err == nil {
 		time.Sleep(300 * time.Millisecond)
 		t.Errorf("Replace on node %d took out node %d, which is up and serving (members now %v): "+
-			"node %d never connected to it, so reach was false", n.opt.NodeID, old+1, appliedMembers(c.nodes[0]), n.opt.NodeID)
+			"node %d never opened a raft connection to it", n.opt.NodeID, old+1, appliedMembers(c.nodes[0]), n.opt.NodeID)
 		select {
 		case <-c.nodes[old].Failed():
 			t.Logf("the live node stopped: %v", c.nodes[old].Err())
@@ -192,7 +192,7 @@ func TestJoiningNodeNobodyAddedSaysSo(t *testing.T) {
 	}
 	defer n.Close()
 	n.wg.Add(1)
-	go n.joinWatch()
+	go n.every(joinWarnEvery, n.joinWatch())
 	deadline := time.Now().Add(10 * time.Second)
 	for logs.FilterMessageSnippet("no shard has heard from its members").Len() == 0 {
 		if time.Now().After(deadline) {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/internal/fscktest"
 	"github.com/ticketd/ticketd/shard"
 )
 
@@ -111,7 +112,9 @@ func TestDamagedDataDir(t *testing.T) {
 			}
 		}, "ticketd.state is missing"},
 		{"files moved into lost+found", true, func(t *testing.T, dir string) {
-			intoLostFound(t, dir)
+			if err := fscktest.IntoLostFound(dir); err != nil {
+				t.Fatal(err)
+			}
 		}, "lost+found with 3 entries"},
 		{"snapshot flipped", true, flip(snapName), "ticketd.snapshot is damaged"},
 		{"snapshot truncated", true, func(t *testing.T, dir string) {
@@ -289,27 +292,6 @@ func keys(m map[string]string) []string {
 		k = append(k, n)
 	}
 	return k
-}
-
-// intoLostFound moves everything in dir into its lost+found, under the
-// names a file system check gives the files it finds without a directory.
-func intoLostFound(t *testing.T, dir string) {
-	t.Helper()
-	lf := filepath.Join(dir, "lost+found")
-	if err := os.MkdirAll(lf, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, e := range es {
-		if e.Name() != "lost+found" {
-			if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(lf, fmt.Sprintf("#%d", 1200+i))); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 }
 
 // A new dir, an empty one and one holding only lost+found are new.

@@ -8,6 +8,7 @@ package serverproc
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -152,6 +153,42 @@ func (p *Proc) Stop(grace time.Duration) error {
 		p.Kill()
 		return errors.Join(sigErr, fmt.Errorf("pid %d did not exit within %v of SIGTERM; killed", p.Pid(), grace))
 	}
+}
+
+// Pause sends SIGSTOP and returns once every thread of the process has
+// stopped, or an error after timeout. kill returns when one thread has the
+// signal; that thread stops the others only once it runs, and on a loaded
+// machine they can go on for milliseconds meanwhile (long enough for a
+// cluster node to ack a proposal sent after kill).
+func (p *Proc) Pause(timeout time.Duration) error {
+	if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("SIGSTOP pid %d: %w", p.Pid(), err)
+	}
+	deadline := time.Now().Add(timeout)
+	for !allStopped(p.Pid()) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d not stopped %v after SIGSTOP", p.Pid(), timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// allStopped reports whether every thread of process pid is stopped
+// (state T in its stat, after the command's closing parenthesis).
+func allStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		i := bytes.LastIndexByte(b, ')')
+		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // Kill sends SIGKILL to the process's pid and waits for the exit.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -82,6 +83,34 @@ func TestStopKillsAfterGrace(t *testing.T) {
 	}
 	if !p.Exited() || p.ExitCode() != -1 {
 		t.Errorf("want a death by signal; exited %v, code %d", p.Exited(), p.ExitCode())
+	}
+}
+
+// Pause returns once the process is stopped, and it runs on after SIGCONT.
+func TestPauseReturnsWithTheProcessStopped(t *testing.T) {
+	p, err := Start(exec.Command("sh", "-c", "echo ready; exec sleep 30"), func(line []byte) (string, bool) {
+		return "", string(line) == "ready"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	if err := p.WaitReady(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Pause(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !allStopped(p.Pid()) {
+		t.Fatal("Pause returned with a thread running")
+	}
+	if err := p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); allStopped(p.Pid()); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("still stopped 10s after SIGCONT")
+		}
 	}
 }
 
