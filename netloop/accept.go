@@ -12,6 +12,14 @@ import (
 	"go.uber.org/zap"
 )
 
+// enrollers is how many accepted connections are being enrolled into the
+// loops at once. Enrolling one waits until its OnOpen has run on its loop, a
+// hand-off to the loop's thread and back; one at a time, a burst of 5,000
+// connections outran that (about 10,000 a second) and filled the listen
+// backlog, and the dials beyond it waited out a SYN retransmit (1 s, then
+// 3 s). The loop registers all that were queued for it in one wake-up.
+const enrollers = 32
+
 // acceptLoop accepts connections and enrolls them into the gnet engine.
 //
 // Beyond MaxConns a connection is accepted and closed at once, so that the
@@ -24,6 +32,23 @@ func (s *Server) acceptLoop() {
 	spare, _ := os.Open(os.DevNull)
 	var backoff time.Duration
 	var lastWarn time.Time
+	type job struct {
+		c  *Conn
+		nc net.Conn
+	}
+	jobs := make(chan job, enrollers)
+	var enrolling sync.WaitGroup
+	for range enrollers {
+		enrolling.Go(func() {
+			for j := range jobs {
+				s.enroll(j.c, j.nc)
+			}
+		})
+	}
+	defer func() {
+		close(jobs)
+		enrolling.Wait()
+	}()
 	for {
 		nc, err := s.ln.Accept()
 		if err != nil {
@@ -67,27 +92,30 @@ func (s *Server) acceptLoop() {
 			_ = nc.Close()
 			continue
 		}
-		c := &Conn{id: s.nextID.Add(1), s: s, epfd: -1}
 		s.conns.Add(1)
-		// Enroll duplicates the descriptor, closes nc and returns once
-		// OnOpen has run on the connection's loop, or once the loop
-		// failed to add it to its poller: gnet reports no error then
-		// (epoll_ctl's ENOSPC at fs.epoll.max_user_watches), and OnOpen,
-		// which sets gc, never ran.
-		if _, err := s.cli.EnrollContext(nc, c); err != nil || c.gc == nil {
-			if err == nil {
-				err = errors.New("the event loop could not poll the connection")
-			}
-			s.conns.Add(-1)
-			s.refused.Add(1)
-			if time.Since(lastWarn) > time.Second {
-				s.log.Warn("cannot register connection", zap.Error(err))
-				lastWarn = time.Now()
-			}
-			continue
-		}
-		s.accepted.Add(1)
+		jobs <- job{&Conn{id: s.nextID.Add(1), s: s, epfd: -1}, nc}
 	}
+}
+
+// enroll hands c's accepted socket nc to an event loop.
+func (s *Server) enroll(c *Conn, nc net.Conn) {
+	// Enroll duplicates the descriptor, closes nc and returns once OnOpen
+	// has run on the connection's loop, or once the loop failed to add it
+	// to its poller: gnet reports no error then (epoll_ctl's ENOSPC at
+	// fs.epoll.max_user_watches), and OnOpen, which sets gc, never ran.
+	if _, err := s.cli.EnrollContext(nc, c); err != nil || c.gc == nil {
+		if err == nil {
+			err = errors.New("the event loop could not poll the connection")
+		}
+		s.conns.Add(-1)
+		s.refused.Add(1)
+		now := time.Now().UnixNano()
+		if last := s.enrollWarned.Load(); now-last > int64(time.Second) && s.enrollWarned.CompareAndSwap(last, now) {
+			s.log.Warn("cannot register connection", zap.Error(err))
+		}
+		return
+	}
+	s.accepted.Add(1)
 }
 
 // registry finds a connection by id for answers decided elsewhere.

@@ -188,6 +188,8 @@ type Server struct {
 	done     chan struct{}
 	stopping atomic.Bool // Stop has begun: every connection lingers
 	acceptWG sync.WaitGroup
+
+	enrollWarned atomic.Int64 // unix ns of the last failed enroll's warning
 }
 
 // New prepares a server; Serve starts it.
