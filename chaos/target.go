@@ -188,7 +188,9 @@ func (t *target) term(id int) error {
 func (t *target) pause(id int) error {
 	n := t.node(id)
 	n.paused = true
-	return syscall.Kill(n.proc.Pid(), syscall.SIGSTOP)
+	// The pause's length counts from when every thread is stopped, not
+	// from when the signal was sent (a thread can run on for milliseconds).
+	return n.proc.Pause(5 * time.Second)
 }
 
 func (t *target) resume(id int) error {
