@@ -25,6 +25,8 @@ const usage = `usage:
         one load run against a server that is already up
   bench hold -addr HOST:PORT -conns N [-sources IP,...]
         hold idle connections until stdin closes (used by the suite)
+  bench burst -addr HOST:PORT [-conns N]
+        dial N connections at once, one round trip on each, and say how long the slowest took
 `
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -54,6 +56,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = loadMain(ctx, args, stdout, stderr)
 	case "hold":
 		err = holdMain(args, stdin, stdout)
+	case "burst":
+		err = burstMain(ctx, args, stdout)
 	default:
 		fmt.Fprint(stderr, usage)
 		return 2
