@@ -235,6 +235,14 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 	if ld.stOK {
 		ld.lastUse = max(ld.lastUse, ld.st.Created)
 	}
+	if recoverDamaged && len(ld.damage) == 0 {
+		// A whole dir can still be an older copy put back, or one emptied,
+		// its ceilings behind tokens and leases already given: nothing in
+		// it tells. Asked to recover, the start is a recovery whatever the
+		// dir shows.
+		ld.damage = append(ld.damage, "none found, but --recover-damaged-data-dir was given: the dir may be an older copy put back, or emptied")
+		ld.fresh = false
+	}
 	if len(ld.damage) > 0 {
 		if !recoverDamaged {
 			return fail(fmt.Errorf("%w: %q: %s", ErrDamaged, dir, strings.Join(ld.damage, "; ")))

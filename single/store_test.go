@@ -504,3 +504,42 @@ func TestRecoveredSnapshotKeepsNoKeysOfItsTables(t *testing.T) {
 		t.Fatalf("an empty server with --max-keys 1 answered %c to a new key, want A", out[0].Result.Letter())
 	}
 }
+
+// A whole older copy of a data dir, put back after the dir was lost, shows
+// no damage, and its ceilings are behind tokens and leases given since: the
+// flag the README names for that case must make the start a recovery.
+func TestRecoverFlagTreatsAWholeDirAsAnOlderCopy(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{tokenBlock: 16, shards: 1})
+	c := g.dial()
+	c.acquire("o", "early", 1000)
+	backup := dirContents(t, dir) // the operator's copy
+	var last uint64
+	for i := range 40 {
+		last = c.acquire("o", fmt.Sprintf("k%d", i), 600_000)
+	}
+	g.crash() // the dir is lost; the copy is all there is
+
+	for n, b := range backup {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.clock.Advance(10 * time.Second)
+	opt := Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour, RecoverDamaged: true}
+	r, err := open(opt, env{clock: g.clock, tokenBlock: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Recovered == nil {
+		t.Error("the start with the flag was not a recovery")
+	}
+	if r.TokenFloor < last {
+		t.Errorf("tokens restart above %d: token %d was granted already", r.TokenFloor, last)
+	}
+	if end := testStart + int64(600*time.Second); r.GraceUntil < end {
+		t.Errorf("grace until %v after the first start, before the leases of k0..k39 end (%v)",
+			time.Duration(r.GraceUntil-testStart), time.Duration(end-testStart))
+	}
+}

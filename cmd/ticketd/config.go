@@ -76,7 +76,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a clean shutdown may take before the process exits 1 without a snapshot")
 	fs.BoolVar(&c.recoverDamaged, "recover-damaged-data-dir", false,
-		"start on a data dir whose state cannot be read back whole: set the damaged files aside, grant nothing for --max-lease plus 2s, restart tokens above the current unix time in ns")
+		"start on a data dir whose state cannot be read back whole, or on an older copy put back: set the damaged files aside, grant nothing for --max-lease plus 2s, restart tokens above the current unix time in ns (every start with it is such a recovery: give it once)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", netloop.DefaultIdleTimeout, "close a connection with nothing pending that has sent nothing for this long (0: never)")
 	fs.DurationVar(&c.frameTimeout, "frame-timeout", netloop.DefaultFrameTimeout, "close a connection whose unfinished line has waited this long for its end (0: never)")
 	c.cluster.register(fs)
