@@ -112,6 +112,19 @@ func (c *fakeClock) jump(d time.Duration) {
 }
 
 // Advance moves time on by d, in steps that stop at every timer on the way.
+// waitTimers returns once n timers were made on c.
+func (c *fakeClock) waitTimers(n int) {
+	for {
+		c.mu.Lock()
+		made := len(c.timers)
+		c.mu.Unlock()
+		if made >= n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -287,7 +300,13 @@ func startRig(t *testing.T, dir string, o rigOpts) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.clock.mu.Lock()
+	timers := len(o.clock.timers)
+	o.clock.mu.Unlock()
 	r.Attach(g.srv)
+	// The runner's loops make their timers as they start: an Advance before
+	// that would not reach them.
+	o.clock.waitTimers(timers + 3)
 	if err := g.srv.Serve(ln); err != nil {
 		t.Fatal(err)
 	}

@@ -623,6 +623,33 @@ func TestWallClockStepAheadKeepsTheGrace(t *testing.T) {
 	}
 }
 
+// The same step during the grace of a crash restart, and a second crash
+// before the grace ends: the third run must still wait out the first run's
+// lease on the wall clock. The grace is a deadline too, and the step must
+// reach the ceiling.
+func TestWallClockStepDuringAGraceReachesTheCeiling(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{})
+	granted := g.clock.now()
+	g.dial().acquire("o", "k", 60_000)
+	g.crash()
+
+	g2 := startRig(t, dir, rigOpts{clock: newFakeClock(g.clock.now() + int64(time.Second))})
+	if g2.r.GraceUntil < granted+int64(60*time.Second) {
+		t.Fatalf("run 2's grace ends %v after the grant, before the lease", time.Duration(g2.r.GraceUntil-granted))
+	}
+	const step = 30 * time.Second
+	g2.clock.stepWall(step)
+	g2.clock.Advance(time.Second) // the ceiling loop looks again
+	g2.crash()
+
+	g3 := startRig(t, dir, rigOpts{clock: newFakeClock(g2.clock.now() + int64(step))})
+	if end := granted + int64(60*time.Second+step); g3.r.GraceUntil < end {
+		t.Fatalf("run 3's grace ends %v after the grant, before the lease's end on the wall clock (%v)",
+			time.Duration(g3.r.GraceUntil-granted), time.Duration(end-granted))
+	}
+}
+
 // The same step before a clean stop: the snapshot's deadlines are on the
 // stopped run's clock, and the next run's reads the wall clock, the step
 // ahead. Each lease must keep the time it had left.

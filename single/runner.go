@@ -854,11 +854,12 @@ func (r *Runner) ceilingLoop() {
 			return
 		case <-t.C():
 		}
-		var d int64
+		var d, grace int64
 		var last uint64
 		for _, p := range r.parts {
 			p.mu.Lock()
 			d = max(d, p.t.MaxDeadline())
+			grace = max(grace, p.t.Grace())
 			last = max(last, p.t.LastToken())
 			p.mu.Unlock()
 		}
@@ -869,6 +870,13 @@ func (r *Runner) ceilingLoop() {
 			aheadLogged = ahead
 			r.log.Warn("the wall clock stepped ahead of the server's since it started; lease ceilings are written that much later, so that a crash restart still waits out every lease",
 				zap.Duration("ahead", time.Duration(ahead)))
+		}
+		// A grace (after a crash, or restored from a snapshot) stands for
+		// leases of an earlier run: a step ahead during it must reach the
+		// ceiling too, or the start after a crash would end it that much
+		// early.
+		if err := r.raiseLease(grace); err != nil {
+			r.fail("cannot persist lease ceiling", err)
 		}
 		if d > 0 && satAdd(satAdd(d, ahead), leaseStep/2) > r.leaseCeil.Load() {
 			if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
