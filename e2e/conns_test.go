@@ -365,7 +365,7 @@ func TestConnectionFloodPastDescriptorLimit(t *testing.T) {
 	if _, err := exec.LookPath("prlimit"); err != nil {
 		t.Skip("prlimit (util-linux) not installed")
 	}
-	const limit = 400 // --max-conns defaults to limit - 256 = 144
+	const limit = 400 // --max-conns defaults to limit - 288 = 112
 	s, err := launchWrapped(t, []string{"prlimit", fmt.Sprintf("--nofile=%d:%d", limit, limit)}, t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,11 @@ import (
 // 3 s). The loop registers all that were queued for it in one wake-up.
 const enrollers = 32
 
+// EnrollDescriptors is how many descriptors the accept loop may hold beyond
+// the connections it counts: an enroll in flight holds the accepted socket
+// and gnet's duplicate of it for a moment.
+const EnrollDescriptors = enrollers
+
 // acceptLoop accepts connections and enrolls them into the gnet engine.
 //
 // Beyond MaxConns a connection is accepted and closed at once, so that the
@@ -30,6 +35,11 @@ const enrollers = 32
 func (s *Server) acceptLoop() {
 	defer s.acceptWG.Done()
 	spare, _ := os.Open(os.DevNull)
+	defer func() {
+		if spare != nil {
+			_ = spare.Close()
+		}
+	}()
 	var backoff time.Duration
 	var lastWarn time.Time
 	type job struct {
@@ -87,6 +97,11 @@ func (s *Server) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		if spare == nil {
+			// Lost when the descriptors it freed were taken (an enroll's
+			// dup) before it was opened again: back as soon as one is free.
+			spare, _ = os.Open(os.DevNull)
+		}
 		if s.conns.Load() >= int64(s.cfg.MaxConns) {
 			s.refused.Add(1)
 			_ = nc.Close()

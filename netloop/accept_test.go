@@ -2,6 +2,8 @@ package netloop
 
 import (
 	"fmt"
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -62,5 +64,41 @@ func TestAcceptGoesOnWhileTheLoopIsBusy(t *testing.T) {
 			t.Fatalf("%d of %d connections enrolled once the loop was free", s.Stats().Accepted, 1+more)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The spare descriptor kept for running out of them (/dev/null) is closed
+// with the server, not left to a finalizer.
+func TestStopClosesTheSpareDescriptor(t *testing.T) {
+	devNull := func() int {
+		es, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd")
+		}
+		n := 0
+		for _, e := range es {
+			if l, _ := os.Readlink("/proc/self/fd/" + e.Name()); l == os.DevNull {
+				n++
+			}
+		}
+		return n
+	}
+	before := devNull()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Backend: &fakeBackend{}, MaxConns: 10, Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if after := devNull(); after != before {
+		t.Fatalf("%d descriptors of %s open before Serve, %d after Stop", before, os.DevNull, after)
 	}
 }

@@ -361,7 +361,15 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		}
 	}
 	if s.timeouts {
-		return c.watch(held, consumed, lineLeft, len(out) > 0)
+		switch c.watch(held, consumed, lineLeft, len(out) > 0) {
+		case idleTimedOut:
+			return gnet.Close // nothing is pending or unsent
+		case frameTimedOut:
+			// As after a bad frame: the answers already decided go out
+			// first (gnet's own close drops what its buffer holds beyond
+			// one write).
+			return h.linger(c, gc)
+		}
 	}
 	return gnet.None
 }

@@ -2,8 +2,6 @@ package netloop
 
 import (
 	"time"
-
-	"github.com/panjf2000/gnet/v2"
 )
 
 // Timeouts cost no timer per connection and nothing per request. Each
@@ -58,10 +56,19 @@ func (s *Server) timeoutLoop() {
 	}
 }
 
+// timedOut is what watch found.
+type timedOut int
+
+const (
+	notTimedOut timedOut = iota
+	idleTimedOut
+	frameTimedOut
+)
+
 // watch updates c's stamps at the end of an OnTraffic in which buf was the
 // inbound data, consumed bytes of it were parsed and answers were written if
-// wrote, and closes c if one of its timeouts has passed. Loop only.
-func (c *Conn) watch(held, consumed int, lineLeft, wrote bool) gnet.Action {
+// wrote, and says whether one of its timeouts has passed. Loop only.
+func (c *Conn) watch(held, consumed int, lineLeft, wrote bool) timedOut {
 	s := c.s
 	now := s.now()
 	got := held > c.held // new bytes came in this time
@@ -102,13 +109,13 @@ func (c *Conn) watch(held, consumed int, lineLeft, wrote bool) gnet.Action {
 	// sweep's that woke it.
 	if s.expired(quiet, 0, now) {
 		s.idleClosed.Add(1)
-		return gnet.Close
+		return idleTimedOut
 	}
 	if s.expired(0, partial, now) {
 		s.frameClosed.Add(1)
-		return gnet.Close
+		return frameTimedOut
 	}
-	return gnet.None
+	return notTimedOut
 }
 
 // expired tells whether stamps quiet or partial (0: none) are past their

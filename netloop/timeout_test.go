@@ -2,13 +2,18 @@ package netloop
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // expectClosed reads from r until the server closes the connection and
@@ -253,5 +258,43 @@ func TestRegistryWalkYieldsToOtherGoroutines(t *testing.T) {
 		if sawRun != tc.yields {
 			t.Errorf("%d connections: a runnable goroutine ran during the walk: %v, want %v", tc.conns, sawRun, tc.yields)
 		}
+	}
+}
+
+// A frame-timeout close writes the answers already decided before it (the
+// Config's promise), as a bad frame's close does: a client that pipelined
+// acquires, left its last frame unfinished and read nothing meanwhile gets
+// every grant, instead of as many as gnet writes at once before its close.
+func TestFrameTimeoutWritesTheAnswersDecided(t *testing.T) {
+	_, addr := startServer(t, Config{Backend: &fakeBackend{}, FrameTimeout: 300 * time.Millisecond, SendBuffer: 4 << 10, Loops: 1})
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10) })
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 3000
+	var req bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&req, "A owner-%05d key-%05d 1000 0\n", i, i)
+	}
+	req.WriteString("A partial") // a frame left unfinished
+	if _, err := c.Write(req.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the frame timeout passes while the client reads nothing
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	got := 0
+	for {
+		if _, err := r.ReadString('\n'); err != nil {
+			break
+		}
+		got++
+	}
+	if got != n {
+		t.Fatalf("the client read %d of the %d answers decided before the frame timeout closed it", got, n)
 	}
 }

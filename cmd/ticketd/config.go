@@ -50,8 +50,9 @@ type config struct {
 const maxLeaseLimit = 30 * 24 * time.Hour
 
 // descriptorReserve is kept free of client connections for the listener,
-// the data dir's files, the admin listener and the event loops' pollers.
-const descriptorReserve = 256
+// the data dir's files, the admin listener, the event loops' pollers and the
+// enrolls in flight.
+const descriptorReserve = 256 + netloop.EnrollDescriptors
 
 func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
