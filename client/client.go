@@ -130,14 +130,23 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	return cl, nil
 }
 
-// Close closes every connection and stops reconnecting. Calls in flight fail
-// with a *ConnError that wraps ErrClosed; later calls return ErrClosed. Locks
-// held stay held until released (by another client, with their tokens) or
-// until their leases end.
+// Close closes every connection and stops reconnecting. Releases already
+// queued (by ReleaseNoWait, by a Release still waiting, or by the client for
+// a grant that came after its caller gave up) are written first, and their
+// answers awaited, for up to the dial timeout. Other calls in flight fail
+// with a *ConnError that wraps ErrClosed (acquires not yet written are not
+// sent); later calls return ErrClosed. Locks held stay held until released
+// (by another client, with their tokens) or until their leases end.
 func (cl *Client) Close() error {
 	if !cl.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	deadline := time.Now().Add(cl.cfg.dialTimeout)
+	var flushing sync.WaitGroup
+	for _, s := range cl.slots {
+		flushing.Go(func() { s.closeFlush(deadline) })
+	}
+	flushing.Wait()
 	cl.cancel()
 	for _, s := range cl.slots {
 		s.closeConn()
@@ -277,7 +286,8 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 // Release gives up l (by its Key and Token). It returns nil when the server
 // released it, ErrNotHeld when the token does not hold the key (released
 // before, or expired and taken over), a *ConnError, or ctx.Err() if ctx ended
-// first; in the last two cases the release may still have been carried out.
+// first; in the last two cases the release may still have been carried out
+// (with ctx ended before the call, it is sent all the same, unawaited).
 //
 // If the connection breaks before the answer (a cluster node failed, or
 // answered E unavailable), the release is sent again on another connection,
@@ -296,6 +306,11 @@ func (cl *Client) Release(ctx context.Context, l Lock) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
+		// Sent all the same, as when ctx ends while the release is queued:
+		// its caller wants the lock released whether or not it waits.
+		if _, qerr := cl.queueRelease(l, true, nil); qerr != nil {
+			return qerr
+		}
 		return err
 	}
 	c, err := cl.queueRelease(l, false, nil)

@@ -672,7 +672,7 @@ func (s *slot) writeLoop(nc net.Conn, stop <-chan struct{}, wdone chan<- struct{
 			return
 		}
 		s.wmu.Lock()
-		for len(s.w.rest) > 0 && !s.ending.Load() || s.head.Load() != nil && !s.moving.Load() && !s.ending.Load() {
+		for len(s.w.rest) > 0 && !s.ending.Load() || s.head.Load() != nil && !s.moving.Load() && !s.ending.Load() && !s.cl.closed.Load() {
 			// Callers that were just woken are about to push their next
 			// requests: let them run first, and write all of it at once.
 			// One write per request would cost a syscall each.
@@ -749,6 +749,9 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 	if s.moving.Load() || s.ending.Load() {
 		return true // held for the connection home (goHome), or another one
 	}
+	if s.cl.closed.Load() {
+		return true // Close writes the releases (closeFlush); the rest fails unsent
+	}
 	h := s.head.Swap(nil)
 	if h == nil {
 		return true
@@ -768,14 +771,7 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 		w.key = append(w.key[:0], c.key...)
 		switch {
 		case c.kind == 'R':
-			if first := s.rel[c.token]; first == nil {
-				s.rel[c.token] = c
-			} else {
-				for first.next != nil {
-					first = first.next
-				}
-				first.next = c
-			}
+			s.addRel(c)
 			out = codec.AppendRelease(out, c.token, w.key)
 		case c.owner == "":
 			s.acq[c.seq] = c
@@ -821,6 +817,100 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 		return false
 	}
 	return true
+}
+
+// addRel registers release c, about to be written, for its answer: after
+// any release of the same token already in flight. Under s.mu.
+func (s *slot) addRel(c *call) {
+	first := s.rel[c.token]
+	if first == nil {
+		s.rel[c.token] = c
+		return
+	}
+	for first.next != nil {
+		first = first.next
+	}
+	first.next = c
+}
+
+// closeFlush is Close's last write on the slot's connection, if one is up:
+// the releases queued on it (ReleaseNoWait's, a late grant's, a waiting
+// Release's) go out, and it waits for their answers, until deadline.
+// Closed at once, the connection dropped them, and their locks stayed held
+// to the end of their leases; and a close with answers unread resets the
+// connection, which can drop what was just written. Acquires still queued
+// are not sent: they fail with ErrClosed in the teardown.
+func (s *slot) closeFlush(deadline time.Time) {
+	s.ncMu.Lock()
+	nc := s.nc
+	s.ncMu.Unlock()
+	if nc == nil || s.moving.Load() || s.ending.Load() {
+		return
+	}
+	_ = nc.SetWriteDeadline(deadline)
+	for time.Now().Before(deadline) {
+		wrote, ok := s.writeReleases(nc)
+		if !ok {
+			return
+		}
+		s.mu.Lock()
+		pending := len(s.rel)
+		s.mu.Unlock()
+		if !wrote && pending == 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// writeReleases writes what is left of the last batch, then the releases
+// queued on the slot, and queues the other calls again; ok is false if the
+// write failed.
+func (s *slot) writeReleases(nc net.Conn) (wrote, ok bool) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if len(s.w.rest) > 0 {
+		_, err := nc.Write(s.w.rest)
+		s.w.rest = nil
+		if err != nil {
+			return false, false
+		}
+	}
+	h := s.head.Load()
+	for h != nil && h != closedCall && !s.head.CompareAndSwap(h, nil) {
+		h = s.head.Load()
+	}
+	if h == nil || h == closedCall {
+		return false, true
+	}
+	var out, key []byte
+	var keep []*call
+	now := time.Now()
+	s.mu.Lock()
+	for _, c := range appendStack(nil, h) {
+		if c.kind != 'R' {
+			keep = append(keep, c)
+			continue
+		}
+		c.sent = now
+		s.addRel(c)
+		key = append(key[:0], c.key...)
+		out = codec.AppendRelease(out, c.token, key)
+	}
+	s.mu.Unlock()
+	for _, c := range keep {
+		if !s.push(c) { // the teardown has begun
+			c.err = &ConnError{Addr: s.addr, Err: ErrClosed}
+			s.finish(c)
+		}
+	}
+	if len(out) == 0 {
+		return false, true
+	}
+	if _, err := nc.Write(out); err != nil {
+		return false, false // the teardown fails what was registered
+	}
+	return true, true
 }
 
 // maxYields bounds how often the writer or the reader yields to collect a batch.

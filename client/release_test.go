@@ -164,3 +164,62 @@ func releaseServer(t *testing.T, first func(nc net.Conn, f []string) bool) (stri
 	})
 	return addr, seen
 }
+
+// Close writes the releases already queued, and waits for their answers: a
+// lock given up with ReleaseNoWait just before Close (as in
+// ExampleClient_AcquireFunc) is free once Close returns, not held to the
+// end of its lease.
+func TestCloseWritesQueuedReleases(t *testing.T) {
+	srv := startServer(t, "", "")
+	probe := dial(t, srv.addr)
+	ctx := testCtx(t)
+	for i := range 50 {
+		key := fmt.Sprintf("close-after-nowait-%d", i)
+		cl, err := client.Dial(ctx, srv.addr, client.WithConns(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := cl.Acquire(ctx, key, time.Minute, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ReleaseNoWait(l); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := probe.Acquire(ctx, key, time.Second, 0); err != nil {
+			t.Fatalf("round %d: after ReleaseNoWait and Close the key is not free: %v", i, err)
+		}
+	}
+}
+
+// A Release whose context ended before the call (a deferred Release on the
+// request's context) is sent all the same, as one whose context ends while
+// it is queued: its caller wants the lock released.
+func TestReleaseWithAnEndedContextIsSent(t *testing.T) {
+	srv := startServer(t, "", "")
+	cl := dial(t, srv.addr)
+	probe := dial(t, srv.addr)
+	bg := testCtx(t)
+	ctx, cancel := context.WithCancel(bg)
+	l, err := cl.Acquire(ctx, "ended-ctx", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := cl.Release(ctx, l); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Release: %v, want context.Canceled", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		_, err := probe.Acquire(bg, "ended-ctx", time.Second, 0)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, client.ErrHeld) || time.Now().After(deadline) {
+			t.Fatalf("after Release with an ended context the key is still held: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
