@@ -701,3 +701,24 @@ func TestGrantAfterWallClockStepIsCovered(t *testing.T) {
 		t.Fatalf("grace until %v after the grant, before its lease's end on the wall clock %v", time.Duration(g2.r.GraceUntil-granted), time.Duration(end-granted))
 	}
 }
+
+// A run whose wall clock was a day ahead (a host that booted with it fast)
+// wrote its lease ceilings a day out; after a crash, the restart on the
+// corrected clock must not grant nothing for a day: every lease of the
+// earlier run ended within the longest --max-lease the dir's runs had.
+func TestCrashGraceAfterAFastClockEndsWithinTheLongestLease(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{clock: newFakeClock(testStart + int64(24*time.Hour))})
+	g.dial().acquire("o", "k", 60_000)
+	g.crash()
+
+	g2 := startRig(t, dir, rigOpts{clock: newFakeClock(testStart + int64(time.Minute))})
+	now := g2.clock.now()
+	if limit := now + int64(time.Hour) + leaseStep; g2.r.GraceUntil > limit { // the rig's MaxLease is 1h
+		t.Fatalf("no grant for %v after a crash restart, although every earlier lease ended within --max-lease (1h) of the crash",
+			time.Duration(g2.r.GraceUntil-now))
+	}
+	if g2.r.GraceUntil < now+int64(time.Hour) {
+		t.Fatalf("grace of %v after the crash, shorter than --max-lease", time.Duration(g2.r.GraceUntil-now))
+	}
+}

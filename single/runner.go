@@ -218,6 +218,23 @@ func (r *Runner) reserveTokens(next uint64) uint64 {
 	return r.tokenCeil.Load()
 }
 
+// crashGrace is when the grace of a crash restart at now ends: the lease
+// ceiling, which covers every lease granted, but no later than now plus the
+// longest lease the dir's runs could grant (and leaseStep, as a recovery
+// waits): each of those leases was answered before the crash, so it ends
+// within that of now, whatever the wall clock read when it was counted. A
+// run whose wall clock was far ahead (a host that booted a day fast, then
+// corrected) wrote its ceilings that far out, and the restart would
+// otherwise grant nothing for as long. The grace is waited out on this
+// run's monotonic clock, so the cap holds even if the wall clock is wrong
+// now.
+func crashGrace(st state, now int64) int64 {
+	if st.MaxLease <= 0 {
+		return st.LeaseCeil // a dir of an earlier version: unknown
+	}
+	return min(st.LeaseCeil, satAdd(satAdd(now, st.MaxLease), leaseStep))
+}
+
 // RecoveryFloor is where tokens restart when a damaged data dir is
 // recovered without a readable ceiling: the wall clock in unix
 // nanoseconds. No earlier run can have reached it: tokens start at 1 when a
@@ -290,10 +307,16 @@ func (r *Runner) load(ld loaded, now int64) error {
 		for _, p := range r.parts {
 			p.t.SetLastToken(st.TokenCeil)
 		}
-		if st.LeaseCeil > now {
-			r.GraceUntil = st.LeaseCeil
+		grace := st.LeaseCeil
+		if r.Recovered == nil {
+			// A recovery waits out the --max-lease given now: the dir's
+			// record may be an older copy's.
+			grace = crashGrace(st, now)
+		}
+		if grace > now {
+			r.GraceUntil = grace
 			for _, p := range r.parts {
-				p.t.SetGrace(st.LeaseCeil)
+				p.t.SetGrace(grace)
 			}
 		}
 	}
@@ -305,6 +328,7 @@ func (r *Runner) load(ld loaded, now int64) error {
 	// The first block is reserved with the start's own write.
 	st.TokenCeil = max(st.TokenCeil, satAddU(last, r.env.tokenBlock))
 	st.Shards = uint32(n)
+	st.MaxLease = max(st.MaxLease, int64(r.opt.MaxLease))
 	if err := r.write(func(s *state) { *s = st }, ld.snap != nil); err != nil {
 		return fmt.Errorf("data dir %q: %w", r.opt.DataDir, err)
 	}

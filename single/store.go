@@ -59,6 +59,10 @@ type state struct {
 	TokenCeil uint64 // no token above this was granted, on any shard
 	LeaseCeil int64  // no lease granted ends after this (unix ns)
 	Shards    uint32 // --shards of the run that wrote it (for the snapshot)
+	// MaxLease is the longest --max-lease of any run on the dir since it
+	// was first kept (ns; 0: unknown, a dir of an earlier version), written
+	// before each run serves: no lease granted in the dir was longer.
+	MaxLease int64
 }
 
 func (s *state) encode() []byte {
@@ -69,6 +73,7 @@ func (s *state) encode() []byte {
 	binary.BigEndian.PutUint64(b[24:], s.TokenCeil)
 	binary.BigEndian.PutUint64(b[32:], uint64(s.LeaseCeil))
 	binary.BigEndian.PutUint32(b[40:], s.Shards)
+	binary.BigEndian.PutUint64(b[44:], uint64(s.MaxLease))
 	binary.BigEndian.PutUint32(b[stateSize-4:], crc32.Checksum(b[:stateSize-4], castagnoli))
 	return b
 }
@@ -88,6 +93,7 @@ func decodeState(b []byte) (state, error) {
 		TokenCeil: binary.BigEndian.Uint64(b[24:]),
 		LeaseCeil: int64(binary.BigEndian.Uint64(b[32:])),
 		Shards:    binary.BigEndian.Uint32(b[40:]),
+		MaxLease:  int64(binary.BigEndian.Uint64(b[44:])),
 	}, nil
 }
 

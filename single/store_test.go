@@ -543,3 +543,17 @@ func TestRecoverFlagTreatsAWholeDirAsAnOlderCopy(t *testing.T) {
 			time.Duration(r.GraceUntil-testStart), time.Duration(end-testStart))
 	}
 }
+
+// The state record round-trips every field; one written before MaxLease
+// was kept (those bytes zero, under the same checksum) reads as unknown.
+func TestStateRecordRoundTrip(t *testing.T) {
+	st := state{Seq: 7, Created: 1, TokenCeil: 1 << 40, LeaseCeil: 1 << 61, Shards: 16, MaxLease: int64(time.Hour)}
+	got, err := decodeState(st.encode())
+	if err != nil || got != st {
+		t.Fatalf("decode(encode(%+v)) = %+v, %v", st, got, err)
+	}
+	st.MaxLease = 0
+	if got, err := decodeState(st.encode()); err != nil || got.MaxLease != 0 {
+		t.Fatalf("an earlier record: %+v, %v", got, err)
+	}
+}
