@@ -14,8 +14,10 @@ import (
 // operation carries its own call and return times and the model asks only
 // what they allow. Every operation takes effect at an instant between its
 // call and its return, after the operations placed before it in the order,
-// so no earlier than the latest call among them and its own (the state's
-// now). A lease that started then or later cannot end before that plus the
+// so no earlier than the latest instant one of them can have taken effect
+// and its own call (the state's now: a grant over a holder, or an N to an
+// expired one, took effect no earlier than that hold's end), and an
+// operation that returned before that cannot be placed there. A lease that started then or later cannot end before that plus the
 // lease, so a later grant is possible only if that has passed by the later
 // operation's return; a holder counts as live for a T (single mode) only
 // while its answer's return plus lease has not passed by the T's earliest
@@ -78,10 +80,12 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 	ended := func(s lockState) int64 {
 		end := satAdd(s.hCall, s.lease)
 		if s.holder == ghost {
+			// Released as undeliverable, but never before it began: its
+			// hold, dated from the hold before it, cannot end that one's.
 			if s.hLost == 0 {
-				return math.MinInt64
+				return s.hCall
 			}
-			end = min(end, s.hLost-lostMargin)
+			end = max(s.hCall, min(end, s.hLost-lostMargin))
 		}
 		return end
 	}
@@ -98,6 +102,9 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 	step := func(st, inp, outp any) []any {
 		s, in, out := st.(lockState), inp.(lockIn), outp.(lockOut)
 		at := max(s.now, in.call)
+		if at > in.ret {
+			return nil // it took effect before it returned: not after these
+		}
 		same := s
 		same.now = at
 		free := lockState{last: s.last, graceUntil: s.graceUntil, now: at}
@@ -118,7 +125,8 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 				if s.holder != 0 {
 					start = max(start, ended(s))
 				}
-				n := lockState{holder: tok, hCall: start, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: at}
+				// Operations placed after it took effect after it did.
+				n := lockState{holder: tok, hCall: start, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: start}
 				if tok == ghost {
 					n.hLost = in.lost
 				} else {
@@ -157,8 +165,10 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 				if !mine {
 					return []any{same}
 				}
-				if canEnd(s, in.ret) { // expired and gone
-					return []any{free}
+				if canEnd(s, in.ret) { // expired and gone: not before the lease ended
+					f := free
+					f.now = max(at, ended(s))
+					return []any{f}
 				}
 				return nil
 			default:
