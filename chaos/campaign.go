@@ -31,8 +31,11 @@ type Config struct {
 	GapMin, GapMax time.Duration
 	// Workers per role (nil: a default mix).
 	Workers map[string]int
-	Netns   bool   // cluster: put the nodes in network namespaces (partitions)
-	Out     string // results directory ("": no files)
+	Netns   bool // cluster: put the nodes in network namespaces (partitions)
+	// RequireNetns fails the cluster campaign when its partitions cannot
+	// run, rather than running it without them.
+	RequireNetns bool
+	Out          string // results directory ("": no files)
 	// Progress receives a line every couple of seconds (nil: none).
 	Progress io.Writer `json:"-"`
 }
@@ -89,7 +92,7 @@ func Run(cfg Config) (*Outcome, error) {
 		tg, err = newSingle(cfg.Bin, dir, logf)
 	case "cluster":
 		var why string
-		tg, why, err = newCluster(cfg.Bin, dir, cfg.Netns, logf)
+		tg, why, err = newCluster(cfg.Bin, dir, cfg.Netns, cfg.RequireNetns, logf)
 		if why != "" {
 			out.Skipped = append(out.Skipped, why)
 			logf("%s: %s", cfg.Name, why)

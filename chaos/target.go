@@ -59,8 +59,9 @@ func newSingle(bin, dir string, logf func(string, ...any)) (*target, error) {
 }
 
 // newCluster starts 3 nodes. With useNetns each runs in its own network
-// namespace (partitions possible); otherwise all on 127.0.0.1.
-func newCluster(bin, dir string, useNetns bool, logf func(string, ...any)) (*target, string, error) {
+// namespace (partitions possible); otherwise all on 127.0.0.1. With require,
+// a cluster that cannot have its partitions is not started.
+func newCluster(bin, dir string, useNetns, require bool, logf func(string, ...any)) (*target, string, error) {
 	t := &target{mode: "cluster", bin: bin, dir: dir, log: logf}
 	var why string
 	if useNetns {
@@ -72,6 +73,9 @@ func newCluster(bin, dir string, useNetns bool, logf func(string, ...any)) (*tar
 		}
 	} else {
 		why = "partitions skipped: network namespaces not requested"
+	}
+	if why != "" && require {
+		return nil, "", fmt.Errorf("%s (partitions were required)", why)
 	}
 	var peers []string
 	for i := 1; i <= 3; i++ {

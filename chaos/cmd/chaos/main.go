@@ -32,16 +32,17 @@ func main() {
 	out := flag.String("out", "chaos/results", "directory for the reports, timelines and histories")
 	bin := flag.String("bin", "", "ticketd binary (default: build ./cmd/ticketd)")
 	netns := flag.Bool("netns", true, "cluster: run each node in its own network namespace, for partitions (needs root)")
+	requireNetns := flag.Bool("require-netns", false, "cluster: fail if the partitions cannot run (no root, no ip netns) instead of running without them")
 	nemeses := flag.String("nemeses", "", "comma-separated nemeses (default: every one the mode allows)")
 	recheck := flag.String("recheck", "", "check a recorded history (NAME.history.jsonl.gz) again and rewrite its report in -out; no servers (-mode, -seed, -duration describe it if the file does not)")
 	flag.Parse()
 	if *recheck != "" {
 		os.Exit(recheckFile(os.Stdout, *recheck, chaos.Config{Mode: *mode, Out: *out, Seed: *seed, Duration: *duration}))
 	}
-	os.Exit(run(*mode, *quick, *duration, *seed, *out, *bin, *netns, *nemeses))
+	os.Exit(run(*mode, *quick, *duration, *seed, *out, *bin, *netns, *requireNetns, *nemeses))
 }
 
-func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin string, netns bool, nemeses string) int {
+func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin string, netns, requireNetns bool, nemeses string) int {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano() % 1_000_000)
 	}
@@ -84,7 +85,7 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 			summary = append(summary, msg)
 			continue
 		}
-		cfg := chaos.Config{Mode: m, Bin: bin, Seed: seed, Out: out, Netns: netns, Nemeses: nems, Progress: os.Stdout, Duration: duration}
+		cfg := chaos.Config{Mode: m, Bin: bin, Seed: seed, Out: out, Netns: netns, RequireNetns: requireNetns, Nemeses: nems, Progress: os.Stdout, Duration: duration}
 		if quick {
 			cfg.Name = m + "-quick"
 			if cfg.Duration == 0 {
