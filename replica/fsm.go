@@ -313,14 +313,23 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 					delete(p.seen, id)
 				}
 			}
+			if mine {
+				for id := range f.snapOwn {
+					if id < p.floor {
+						delete(f.snapOwn, id)
+					}
+				}
+			}
 		}
 		if h.batch < p.floor {
 			f.refused++ // applied before, or given up by its proposer
 			return resultApplied, nil
 		}
 		if _, dup := p.seen[h.batch]; dup {
+			// Every copy says so while the batch is in flight, not the
+			// first alone: that one may be an attempt its proposer gave
+			// up on, and the copy it waits for would read applied.
 			if _, lost := f.snapOwn[h.batch]; lost && mine {
-				delete(f.snapOwn, h.batch)
 				return resultUnanswered, nil
 			}
 			return resultApplied, nil

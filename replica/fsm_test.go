@@ -579,9 +579,18 @@ func TestFSMTellsItsProposerOfBatchesItWillNotAnswer(t *testing.T) {
 	if want := []string{"A o i"}; !slices.Equal(rec.got, want) {
 		t.Errorf("answers %q, want %q", rec.got, want)
 	}
-	// The same retry from another node, or once more: nothing to say.
+	// Once more, the same: the first copy may have been an attempt its
+	// proposer gave up on, and the one it waits for a later one.
+	if got := update(t, f, batch{h: header{node: 1, inc: 1, batch: 7, floor: 6, stamp: 2e9}, cmds: acq(1, "k")}); got[0] != resultUnanswered {
+		t.Errorf("a second retry: result %d, want %d (unanswered)", got[0], resultUnanswered)
+	}
+	// Below the floor the batch is settled, and refused.
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 9, floor: 9, stamp: 2e9}, cmds: acq(4, "j")})
 	if got := update(t, f, batch{h: header{node: 1, inc: 1, batch: 7, floor: 6, stamp: 2e9}, cmds: acq(1, "k")}); got[0] != resultApplied {
-		t.Errorf("a second retry: result %d", got[0])
+		t.Errorf("a retry below the floor: result %d, want %d (applied, refused)", got[0], resultApplied)
+	}
+	if len(f.snapOwn) != 0 {
+		t.Errorf("marks kept below the floor: %v", f.snapOwn)
 	}
 
 	// This run's batches are refused once a later run's were applied (the
@@ -1004,5 +1013,30 @@ func TestLaggingReplicaHoldsALeaseBackNoLongerThanACommitCanBeLate(t *testing.T)
 		f.mu.Unlock()
 		t.Fatalf("at lease end + skew + maxLate the leader proposes %d Expires, want 1: held back by a cover to %.1f s (the replica's 55 s lag)",
 			n, float64(cover)/1e9)
+	}
+}
+
+// A batch a snapshot applied before this replica could answer it, retried
+// twice after it: the first copy may be an attempt its proposer gave up on
+// (timed out while the node caught up), and the second the one it waits
+// for. Both must say the answers never came out here; the mark was spent on
+// the first, and the awaited copy read applied: its acquire went unanswered.
+func TestFSMSaysEveryRetryOfABatchTheSnapshotAppliedIsUnanswered(t *testing.T) {
+	acq := []shard.Command{acquire(requesterConn(1, 5), 1, "o", "k", 60000, 0)}
+	attempt := func(stamp int64) batch {
+		return batch{h: header{node: 1, inc: 1, batch: 7, floor: 7, stamp: stamp}, cmds: acq}
+	}
+	leader := newFSM(0, 2, shard.Config{}, nil)
+	update(t, leader, attempt(1e9))
+	snap := snapshot(t, leader)
+
+	rec := &recorder{}
+	f := newFSM(0, 1, shard.Config{}, rec)
+	f.inc = 1
+	restore(t, f, snap)
+	rec.got = nil
+	got := update(t, f, attempt(2e9), attempt(3e9))
+	if want := []uint64{resultUnanswered, resultUnanswered}; !slices.Equal(got, want) || len(rec.got) != 0 {
+		t.Fatalf("results %v with answers %q, want %v and none", got, rec.got, want)
 	}
 }
