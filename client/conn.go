@@ -724,6 +724,7 @@ type batchWriter struct {
 	rest    []byte // the tail of out that a write that must not block left unsent
 	batch   []*call
 	refused []*call
+	kept    []*call // not sent at Close, queued again for the teardown to fail
 	owner   []byte
 	key     []byte
 	named   []byte
@@ -749,9 +750,9 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 	if s.moving.Load() || s.ending.Load() {
 		return true // held for the connection home (goHome), or another one
 	}
-	if s.cl.closed.Load() {
-		return true // Close writes the releases (closeFlush); the rest fails unsent
-	}
+	// Once Close has begun only releases go out (closeFlush); the rest stays
+	// queued, and fails unsent in the teardown.
+	closing := s.cl.closed.Load()
 	h := s.head.Swap(nil)
 	if h == nil {
 		return true
@@ -765,6 +766,10 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 		// its caller wants the lock released whether or not it waits.
 		if !c.internal && c.kind != 'R' && c.state.Load() == stAbandoned {
 			putCall(c)
+			continue
+		}
+		if closing && c.kind != 'R' {
+			w.kept = append(w.kept, c)
 			continue
 		}
 		c.sent = now
@@ -798,6 +803,14 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 	}
 	clear(w.refused)
 	w.refused = w.refused[:0]
+	for _, c := range w.kept {
+		if !s.push(c) { // the teardown has begun
+			c.err = &ConnError{Addr: s.addr, Err: ErrClosed}
+			s.finish(c)
+		}
+	}
+	clear(w.kept)
+	w.kept = w.kept[:0]
 	w.out = out
 	if cap(w.out) > 1<<20 {
 		w.out = nil // one burst should not pin a large buffer
@@ -849,68 +862,21 @@ func (s *slot) closeFlush(deadline time.Time) {
 	}
 	_ = nc.SetWriteDeadline(deadline)
 	for time.Now().Before(deadline) {
-		wrote, ok := s.writeReleases(nc)
+		s.wmu.Lock()
+		ok := s.w.flush(s, nc, nil)
+		s.wmu.Unlock()
 		if !ok {
-			return
+			return // the teardown fails what was registered
 		}
+		// What flush wrote is registered until answered.
 		s.mu.Lock()
 		pending := len(s.rel)
 		s.mu.Unlock()
-		if !wrote && pending == 0 {
+		if pending == 0 {
 			return
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// writeReleases writes what is left of the last batch, then the releases
-// queued on the slot, and queues the other calls again; ok is false if the
-// write failed.
-func (s *slot) writeReleases(nc net.Conn) (wrote, ok bool) {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if len(s.w.rest) > 0 {
-		_, err := nc.Write(s.w.rest)
-		s.w.rest = nil
-		if err != nil {
-			return false, false
-		}
-	}
-	h := s.head.Load()
-	for h != nil && h != closedCall && !s.head.CompareAndSwap(h, nil) {
-		h = s.head.Load()
-	}
-	if h == nil || h == closedCall {
-		return false, true
-	}
-	var out, key []byte
-	var keep []*call
-	now := time.Now()
-	s.mu.Lock()
-	for _, c := range appendStack(nil, h) {
-		if c.kind != 'R' {
-			keep = append(keep, c)
-			continue
-		}
-		c.sent = now
-		s.addRel(c)
-		key = append(key[:0], c.key...)
-		out = codec.AppendRelease(out, c.token, key)
-	}
-	s.mu.Unlock()
-	for _, c := range keep {
-		if !s.push(c) { // the teardown has begun
-			c.err = &ConnError{Addr: s.addr, Err: ErrClosed}
-			s.finish(c)
-		}
-	}
-	if len(out) == 0 {
-		return false, true
-	}
-	if _, err := nc.Write(out); err != nil {
-		return false, false // the teardown fails what was registered
-	}
-	return true, true
 }
 
 // maxYields bounds how often the writer or the reader yields to collect a batch.
