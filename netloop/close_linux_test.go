@@ -9,11 +9,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/ticketd/ticketd/codec"
 )
@@ -132,14 +129,7 @@ func TestUnreadLateAnswersCloseTheConnection(t *testing.T) {
 	const n = 20000
 	b.queued.Store(1 << 30)
 	s, addr := startServer(t, Config{Backend: b, MaxInflight: 16, MaxOutbound: 16 << 10, SendBuffer: 4 << 10, Loops: 1})
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10) })
-	}}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialSmallReceive(t, addr)
 	var req bytes.Buffer
 	for i := range n {
 		fmt.Fprintf(&req, "A owner-%06d later 1000 5000\n", i)

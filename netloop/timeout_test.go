@@ -267,14 +267,7 @@ func TestRegistryWalkYieldsToOtherGoroutines(t *testing.T) {
 // every grant, instead of as many as gnet writes at once before its close.
 func TestFrameTimeoutWritesTheAnswersDecided(t *testing.T) {
 	_, addr := startServer(t, Config{Backend: &fakeBackend{}, FrameTimeout: 300 * time.Millisecond, SendBuffer: 4 << 10, Loops: 1})
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10) })
-	}}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialSmallReceive(t, addr)
 	const n = 3000
 	var req bytes.Buffer
 	for i := range n {
@@ -297,4 +290,19 @@ func TestFrameTimeoutWritesTheAnswersDecided(t *testing.T) {
 	if got != n {
 		t.Fatalf("the client read %d of the %d answers decided before the frame timeout closed it", got, n)
 	}
+}
+
+// dialSmallReceive dials addr with a 4 KiB receive buffer, so that a client
+// that does not read backs the server up within a few answers.
+func dialSmallReceive(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10) })
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
