@@ -83,12 +83,19 @@ func newStoppedCluster(t *testing.T, shards int, tune func(*Options)) *testClust
 
 func (c *testCluster) start(i int) { c.startAs(i, uint32(i+1), false) }
 
+// options are the cluster's Options for node id on data dir dir.
+func (c *testCluster) options(id uint32, dir string) Options {
+	opt := c.opt
+	opt.NodeID, opt.Peers, opt.DataDir = id, c.peers, dir
+	opt.Logger = zaptest.NewLogger(c.t).Named(fmt.Sprintf("n%d", id))
+	return opt
+}
+
 // startAs starts node id in slot i (its data dir and listener address).
 func (c *testCluster) startAs(i int, id uint32, join bool) {
 	t := c.t
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir, opt.Join = id, c.peers, c.dirs[i], join
-	opt.Logger = zaptest.NewLogger(t).Named(fmt.Sprintf("n%d", id))
+	opt := c.options(id, c.dirs[i])
+	opt.Join = join
 	n, err := Start(opt)
 	if err != nil {
 		t.Fatal(err)
@@ -556,9 +563,8 @@ func TestClusterJoinOutlivesAStartThatStopped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c.replaceThird(ctx)
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir, opt.Join = 4, c.peers, c.dirs[2], true
-	opt.Logger = zaptest.NewLogger(t)
+	opt := c.options(4, c.dirs[2])
+	opt.Join = true
 	startFault = func(i int) error {
 		if i == 0 {
 			return errors.New("stopped after the first shard")
@@ -975,10 +981,7 @@ func TestClusterRefusesADataDirThatLostItsRaftState(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			opt := c.opt
-			opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
-			opt.Logger = zaptest.NewLogger(t)
-			n, err := Start(opt)
+			n, err := Start(c.options(3, c.dirs[2]))
 			if err == nil {
 				n.Close()
 				t.Fatalf("a node with %s started", tc.name)
@@ -1000,10 +1003,7 @@ func TestClusterRefusesANewLookingDataDirWithFilesInLostFound(t *testing.T) {
 	if err := fscktest.IntoLostFound(dir); err != nil {
 		t.Fatal(err)
 	}
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, dir
-	opt.Logger = zaptest.NewLogger(t)
-	n, err := Start(opt)
+	n, err := Start(c.options(3, dir))
 	if err == nil {
 		n.Close()
 		t.Fatal("a node whose files were in lost+found started as new")

@@ -12,7 +12,6 @@ import (
 
 	"github.com/lni/dragonboat/v4"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 )
 
@@ -38,10 +37,7 @@ func TestReplaceRightAfterARestartRemovesFirst(t *testing.T) {
 	c := newTestCluster(t, 4)
 	c.stop(2) // node 3 is lost
 	c.stop(0) // node 1 restarts; the operator runs the replace on it at once
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir = 1, c.peers, c.dirs[0]
-	opt.Logger = zaptest.NewLogger(t).Named("n1again")
-	n, err := Start(opt)
+	n, err := Start(c.options(1, c.dirs[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,9 +151,8 @@ func TestNodeOnAnEmptyDataDirIsRefusedWithoutBootstrap(t *testing.T) {
 	c := newTestCluster(t, 1)
 	c.stop(2)
 	for _, dir := range []string{t.TempDir(), filepath.Join(t.TempDir(), "typo")} {
-		opt := c.opt
-		opt.NodeID, opt.Peers, opt.DataDir, opt.Bootstrap = 3, c.peers, dir, false
-		opt.Logger = zaptest.NewLogger(t).Named("n3")
+		opt := c.options(3, dir)
+		opt.Bootstrap = false
 		n, err := Start(opt)
 		if err == nil {
 			n.Close()

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/ticketd/ticketd/netloop"
 	"github.com/ticketd/ticketd/shard"
@@ -439,10 +438,7 @@ func hasSettings(g *group) bool {
 func TestClusterNoticeGivenUpWithAStableLeaderIsTriedAgain(t *testing.T) {
 	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = time.Second })
 	c.stop(2)
-	opt := c.opt
-	opt.NodeID, opt.Peers, opt.DataDir = 3, c.peers, c.dirs[2]
-	opt.Logger = zaptest.NewLogger(t).Named("n3")
-	n, err := Start(opt)
+	n, err := Start(c.options(3, c.dirs[2]))
 	if err != nil {
 		t.Fatal(err)
 	}
