@@ -261,7 +261,7 @@ func checkConfig(mode string, h *History) CheckConfig {
 	for _, o := range h.Ops {
 		maxLease = max(maxLease, o.LeaseMs)
 	}
-	return CheckConfig{Mode: mode, MaxLease: int64(maxLease) * int64(time.Millisecond)}
+	return CheckConfig{Mode: mode, MaxLease: int64(maxLease) * int64(time.Millisecond), Shards: campaignShards}
 }
 
 func counts(h *History) (ok, fail, unknown int) {

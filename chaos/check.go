@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ticketd/ticketd/shard"
 )
 
 // CheckConfig says what the history's system promised.
@@ -21,6 +23,11 @@ type CheckConfig struct {
 	MaxLease int64
 	// LinTimeout bounds the porcupine search per key (0: DefaultLinTimeout).
 	LinTimeout time.Duration
+	// Shards is the servers' --shards, for the progress check (0: one).
+	Shards int
+	// Stall bounds, per shard, the time outside faults with requests sent
+	// and no grant or release answered (0: DefaultStall).
+	Stall time.Duration
 }
 
 // Violation is one broken promise, with the operations that show it.
@@ -48,6 +55,7 @@ const (
 	CheckDurability  = "durability"
 	CheckOnce        = "exactly-once answers"
 	CheckLiveness    = "answer on a live connection"
+	CheckProgress    = "progress after faults"
 	CheckRegister    = "fenced register"
 	CheckLinearLock  = "lock linearizability (porcupine)"
 	CheckLinearFence = "register linearizability (porcupine)"
@@ -77,6 +85,13 @@ type CheckResult struct {
 // Failed reports whether the history broke a promise or could not be
 // decided.
 func (r *CheckResult) Failed() bool { return len(r.Violations) > 0 || len(r.Undecided) > 0 }
+
+// DefaultStall is the default of CheckConfig.Stall: once a fault ends, a
+// shard's first grant comes after an election (about a second) or single
+// mode's crash grace (the longest lease granted, at most 2 s here); ten
+// seconds is far beyond either, and far short of a shard that never comes
+// back.
+const DefaultStall = 10 * time.Second
 
 // DefaultLinTimeout is the porcupine time limit per key: the busiest keys of
 // a campaign are decided in milliseconds, so a key that takes this long is
@@ -113,6 +128,7 @@ func Check(h *History, cfg CheckConfig) *CheckResult {
 	}
 	checkLinearizable(h, byKey, keys, crashes, cfg, r)
 	checkLiveness(h, r)
+	checkProgress(h, cfg, r)
 	slices.SortStableFunc(r.Violations, func(a, b Violation) int {
 		if a.At != b.At {
 			if a.At < b.At {
@@ -377,6 +393,80 @@ func checkLiveness(h *History, r *CheckResult) {
 			r.Violations = append(r.Violations, Violation{Check: CheckLiveness, Key: o.Key, At: o.Invoke,
 				What: "no answer on a live connection with no fault under way", Ops: []*Op{o}})
 		}
+	}
+}
+
+// checkProgress: a shard that stops granting and releasing while its
+// clients go on asking is a failure even if each request gets an answer (an
+// E, a T) or its connection breaks, which the other checks accept. Time
+// under a fault is not counted: a paused server or a cut-off leader makes
+// no progress by design. So on each shard, between one grant or release
+// and the next (or the end of the run), the time outside faults, from the
+// first request sent after the earlier one, must stay within cfg.Stall.
+func checkProgress(h *History, cfg CheckConfig, r *CheckResult) {
+	stall := cfg.Stall
+	if stall == 0 {
+		stall = DefaultStall
+	}
+	shards := max(cfg.Shards, 1)
+	type shardOps struct{ progress, sent []*Op }
+	per := make([]shardOps, shards)
+	for _, o := range h.Ops {
+		if o.Kind == 'W' {
+			continue
+		}
+		s := &per[shard.Index(o.Key, shards)]
+		s.sent = append(s.sent, o)
+		if o.Complete >= 0 && (o.Result == ResGranted || o.Result == ResReleased) {
+			s.progress = append(s.progress, o)
+		}
+	}
+	last := h.last()
+	// faultFree is the time in [lo, hi] with no fault under way.
+	faultFree := func(lo, hi int64) time.Duration {
+		free := hi - lo
+		for _, e := range h.Events {
+			end := e.End
+			if end == 0 {
+				end = last
+			}
+			if a, b := max(lo, e.Start), min(hi, end); b > a {
+				free -= b - a // faults do not overlap: one at a time
+			}
+		}
+		return time.Duration(max(free, 0))
+	}
+	for sh, s := range per {
+		slices.SortFunc(s.progress, func(a, b *Op) int { return cmp64(a.Complete, b.Complete) })
+		slices.SortFunc(s.sent, func(a, b *Op) int { return cmp64(a.Invoke, b.Invoke) })
+		from := int64(0)
+		var prev *Op
+		check := func(to int64, next *Op) {
+			// From the first request sent after the last progress: a shard
+			// nobody asks anything has nothing to answer.
+			i, _ := slices.BinarySearchFunc(s.sent, from, func(o *Op, t int64) int { return cmp64(o.Invoke, t) })
+			if i == len(s.sent) || s.sent[i].Invoke >= to {
+				return
+			}
+			asked := s.sent[i]
+			if free := faultFree(asked.Invoke, to); free > stall {
+				what := fmt.Sprintf("shard %d granted and released nothing for %v outside faults (%s to %s), with requests sent",
+					sh, free.Round(time.Millisecond), fmtT(asked.Invoke), fmtT(to))
+				ops := []*Op{asked}
+				if prev != nil {
+					ops = append([]*Op{prev}, ops...)
+				}
+				if next != nil {
+					ops = append(ops, next)
+				}
+				r.Violations = append(r.Violations, Violation{Check: CheckProgress, Key: asked.Key, At: asked.Invoke, What: what, Ops: ops})
+			}
+		}
+		for _, p := range s.progress {
+			check(p.Complete, p)
+			from, prev = p.Complete, p
+		}
+		check(last, nil)
 	}
 }
 

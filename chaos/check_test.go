@@ -388,3 +388,51 @@ func TestCheckCrashGraceFromTheKill(t *testing.T) {
 		t.Fatal("T after the grace not flagged")
 	}
 }
+
+// A shard that answers every request (T, here) but grants nothing once a
+// fault has ended is stuck; the same stretch under the fault is not.
+func TestCheckProgressAfterAFault(t *testing.T) {
+	build := func(faultEnd int64) *hist {
+		b := newHist()
+		b.h.Events = []*Event{{Start: ms(1000), End: ms(faultEnd), Kind: EvPause}}
+		g := b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+		b.rel(1, "k", g.Token, 10, 11, ResReleased)
+		for at := int64(500); at < 14_000; at += 500 {
+			b.acq(2, "k", 1000, at, at+400, ResTimedOut, 0) // wait 400 ms for a free key: stuck
+		}
+		b.acq(1, "k", 1000, 14_000, 14_001, ResGranted, 2)
+		return b
+	}
+	// Stuck from 0.5 s to 14 s: 13.5 s, of which the fault took 12.5 s.
+	if r := Check(build(13_500).h, CheckConfig{Mode: "cluster"}); hasCheck(r, CheckProgress) {
+		t.Errorf("1 s outside the fault flagged: %v", r.Violations)
+	}
+	// The fault ends at 2 s: 12 s outside it with nothing granted.
+	r := Check(build(2000).h, CheckConfig{Mode: "cluster"})
+	if !hasCheck(r, CheckProgress) {
+		t.Fatalf("12 s with requests and no grant outside a fault: want a %q violation, got %v", CheckProgress, r.Violations)
+	}
+	// So is a shard stuck to the end of the run.
+	b := build(2000)
+	b.h.Ops = b.h.Ops[:len(b.h.Ops)-1]
+	if r := Check(b.h, CheckConfig{Mode: "cluster"}); !hasCheck(r, CheckProgress) {
+		t.Errorf("stuck to the end: want a %q violation, got %v", CheckProgress, r.Violations)
+	}
+	// A shard nobody asks anything for a long while is not stuck.
+	q := newHist()
+	q.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+	q.rel(1, "k", 1, 10, 11, ResReleased)
+	q.acq(1, "k", 1000, 30_000, 30_001, ResGranted, 2)
+	if r := Check(q.h, CheckConfig{Mode: "cluster"}); hasCheck(r, CheckProgress) {
+		t.Errorf("a quiet shard flagged: %v", r.Violations)
+	}
+}
+
+func hasCheck(r *CheckResult, check string) bool {
+	for _, v := range r.Violations {
+		if v.Check == check {
+			return true
+		}
+	}
+	return false
+}

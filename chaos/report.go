@@ -209,7 +209,7 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	for _, u := range o.Check.Undecided {
 		undecided[u.Check]++
 	}
-	for _, c := range []string{CheckExclusion, CheckTokens, CheckDurability, CheckOnce, CheckLiveness, CheckRegister, CheckLinearLock, CheckLinearFence} {
+	for _, c := range []string{CheckExclusion, CheckTokens, CheckDurability, CheckOnce, CheckLiveness, CheckProgress, CheckRegister, CheckLinearLock, CheckLinearFence} {
 		var res []string
 		if n := per[c]; n > 0 {
 			res = append(res, fmt.Sprintf("**%d violation(s)**", n))
