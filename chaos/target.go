@@ -184,7 +184,7 @@ func (t *target) term(id int) error {
 	}
 	err := n.proc.Stop(20 * time.Second)
 	if err == nil && n.proc.ExitCode() != 0 {
-		err = fmt.Errorf("node %d: clean shutdown exited %d: %s", id, n.proc.ExitCode(), n.proc.Log().Tail(5))
+		err = fmt.Errorf("node %d: clean shutdown ended in %s: %s", id, n.proc.ExitState(), n.proc.Log().Tail(5))
 	}
 	return err
 }
@@ -200,6 +200,10 @@ func (t *target) pause(id int) error {
 func (t *target) resume(id int) error {
 	n := t.node(id)
 	n.paused = false
+	if n.proc.Exited() {
+		// Only SIGKILL ends a stopped process: say so, not just ESRCH.
+		return fmt.Errorf("node %d ended while stopped (%s)", id, n.proc.ExitState())
+	}
 	return syscall.Kill(n.proc.Pid(), syscall.SIGCONT)
 }
 

@@ -132,6 +132,13 @@ func (p *Proc) ExitCode() int {
 	return p.Cmd.ProcessState.ExitCode()
 }
 
+// ExitState says how the process ended ("exit status 1", "signal:
+// killed"); it waits for the exit.
+func (p *Proc) ExitState() string {
+	<-p.done
+	return p.Cmd.ProcessState.String()
+}
+
 // Log is what the process wrote to the pipes Start read.
 func (p *Proc) Log() *Log { return p.log }
 
