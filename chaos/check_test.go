@@ -1,10 +1,14 @@
 package chaos
 
 import (
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/shard"
 )
 
 // hist builds histories by hand, times in milliseconds.
@@ -435,4 +439,34 @@ func hasCheck(r *CheckResult, check string) bool {
 		}
 	}
 	return false
+}
+
+// The fault table's "grants again" is the shard that granted last after the
+// fault's end; a shard asked and granting nothing before the next fault
+// reads none, and a shard asked nothing is left out.
+func TestGapsGrantsAgain(t *testing.T) {
+	const shards = 8
+	var keys [shards]string // a key on each shard
+	for i := 0; ; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if s := shard.Index(k, shards); keys[s] == "" {
+			keys[s] = k
+		}
+		if !slices.Contains(keys[:], "") {
+			break
+		}
+	}
+	b := newHist()
+	b.h.Events = []*Event{{Start: ms(100), End: ms(200), Kind: EvPause}, {Start: ms(1000), End: ms(1100), Kind: EvPause}}
+	b.acq(1, keys[0], 1000, 210, 250, ResGranted, 1)
+	b.acq(2, keys[1], 1000, 205, 600, ResGranted, 1)
+	b.acq(3, keys[2], 1000, 300, 310, ResTimedOut, 0) // asked, granted only after the next fault
+	b.acq(3, keys[2], 1000, 1200, 1210, ResGranted, 1)
+	gaps := Gaps(b.h, shards)
+	if g := gaps[0]; g.GrantsBack != -1 || g.GrantsBackShard != shard.Index(keys[2], shards) {
+		t.Errorf("first fault: grants again %v on shard %d, want none on shard %d", g.GrantsBack, g.GrantsBackShard, shard.Index(keys[2], shards))
+	}
+	if g := gaps[1]; g.GrantsBack != 110*time.Millisecond || g.GrantsBackShard != shard.Index(keys[2], shards) {
+		t.Errorf("second fault: grants again %v on shard %d, want 110ms on shard %d", g.GrantsBack, g.GrantsBackShard, shard.Index(keys[2], shards))
+	}
 }

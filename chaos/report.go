@@ -31,6 +31,11 @@ type Gap struct {
 	// shards keep answering while one elects a leader.
 	WorstShard    int
 	WorstShardGap time.Duration
+	// From the fault's end to each shard's first grant or release of a
+	// request sent after it, for the shard that waited longest; -1 if one
+	// made none before the next fault or the end of the run.
+	GrantsBack      time.Duration
+	GrantsBackShard int
 }
 
 // Gaps measures availability around each fault; shards is the server's
@@ -38,15 +43,26 @@ type Gap struct {
 func Gaps(h *History, shards int) []Gap {
 	var done []int64
 	perShard := make([][]int64, shards)
+	progress, sent := make([][]*Op, shards), make([][]int64, shards)
 	for _, o := range h.Ops {
+		if o.Kind != 'W' {
+			s := shard.Index(o.Key, shards)
+			sent[s] = append(sent[s], o.Invoke)
+		}
 		if o.Kind != 'W' && o.Complete >= 0 {
 			done = append(done, o.Complete)
 			s := shard.Index(o.Key, shards)
 			perShard[s] = append(perShard[s], o.Complete)
+			if o.Result == ResGranted || o.Result == ResReleased {
+				progress[s] = append(progress[s], o)
+			}
 		}
 	}
 	slices.Sort(done)
 	for _, d := range perShard {
+		slices.Sort(d)
+	}
+	for _, d := range sent {
 		slices.Sort(d)
 	}
 	last := h.last()
@@ -69,6 +85,30 @@ func Gaps(h *History, shards int) []Gap {
 				if g.Recovery < 0 || time.Duration(o.Complete-e.End) < g.Recovery {
 					g.Recovery = time.Duration(o.Complete - e.End)
 				}
+			}
+		}
+		next := last
+		if k+1 < len(h.Events) {
+			next = h.Events[k+1].Start
+		}
+		for s, ops := range progress {
+			if i, _ := slices.BinarySearch(sent[s], e.End); i == len(sent[s]) || sent[s][i] >= next {
+				continue // nothing asked of this shard: nothing to grant
+			}
+			first := int64(-1)
+			for _, o := range ops {
+				if o.Invoke >= e.End && o.Complete <= next && (first < 0 || o.Complete < first) {
+					first = o.Complete
+				}
+			}
+			switch {
+			case first < 0:
+				g.GrantsBack, g.GrantsBackShard = -1, s
+			case g.GrantsBack >= 0 && time.Duration(first-e.End) >= g.GrantsBack:
+				g.GrantsBack, g.GrantsBackShard = time.Duration(first-e.End), s
+			}
+			if g.GrantsBack < 0 {
+				break
 			}
 		}
 		out = append(out, g)
@@ -225,18 +265,22 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	p("")
 	p("## Faults and availability")
 	p("")
-	p("Longest gap: the longest time with no answer at all, from the fault's start to 10 s after its end (or to the next fault); the same per shard, for the shard that waited longest (keys hashed as the server hashes them). Recovery: from the fault's end to the first answer to a request sent after it.")
+	p("Longest gap: the longest time with no answer at all, from the fault's start to 10 s after its end (or to the next fault); the same per shard, for the shard that waited longest (keys hashed as the server hashes them). Recovery: from the fault's end to the first answer to a request sent after it. Grants again: from the fault's end to each shard's first grant or release of a request sent after it, for the shard that waited longest (none: a shard made none before the next fault).")
 	p("")
-	p("| # | fault | nodes | start | end | longest gap | worst shard's gap | recovery | detail |")
-	p("|---:|---|---|---:|---:|---:|---:|---:|---|")
+	p("| # | fault | nodes | start | end | longest gap | worst shard's gap | recovery | grants again | detail |")
+	p("|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
 	for i, g := range Gaps(h, o.Shards) {
 		e := g.Event
 		rec := "none"
 		if g.Recovery >= 0 {
 			rec = g.Recovery.Round(time.Millisecond).String()
 		}
-		p("| %d | %s | %v | %s | %s | %v | %v (shard %d) | %s | %s |", i+1, e.Kind, e.Nodes, fmtT(e.Start), fmtT(e.End),
-			g.Longest.Round(time.Millisecond), g.WorstShardGap.Round(time.Millisecond), g.WorstShard, rec, e.Detail)
+		back := fmt.Sprintf("none (shard %d)", g.GrantsBackShard)
+		if g.GrantsBack >= 0 {
+			back = fmt.Sprintf("%v (shard %d)", g.GrantsBack.Round(time.Millisecond), g.GrantsBackShard)
+		}
+		p("| %d | %s | %v | %s | %s | %v | %v (shard %d) | %s | %s | %s |", i+1, e.Kind, e.Nodes, fmtT(e.Start), fmtT(e.End),
+			g.Longest.Round(time.Millisecond), g.WorstShardGap.Round(time.Millisecond), g.WorstShard, rec, back, e.Detail)
 	}
 	p("")
 	if len(o.Skipped) > 0 || len(o.Problems) > 0 || len(o.Check.Undecided) > 0 {
