@@ -88,9 +88,9 @@ func (r *CheckResult) Failed() bool { return len(r.Violations) > 0 || len(r.Unde
 
 // DefaultStall is the default of CheckConfig.Stall: once a fault ends, a
 // shard's first grant comes after an election (about a second) or single
-// mode's crash grace (the longest lease granted, at most 2 s here); ten
-// seconds is far beyond either, and far short of a shard that never comes
-// back.
+// mode's crash grace (the longest lease granted plus 2 s: at most 4 s with
+// the campaign's leases); ten seconds is far beyond either, and far short
+// of a shard that never comes back.
 const DefaultStall = 10 * time.Second
 
 // DefaultLinTimeout is the porcupine time limit per key: the busiest keys of

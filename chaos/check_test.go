@@ -470,3 +470,12 @@ func TestGapsGrantsAgain(t *testing.T) {
 		t.Errorf("second fault: grants again %v on shard %d, want 110ms on shard %d", g.GrantsBack, g.GrantsBackShard, shard.Index(keys[2], shards))
 	}
 }
+
+func TestGapsGrantsAgainWithNothingAsked(t *testing.T) {
+	b := newHist()
+	b.h.Events = []*Event{{Start: ms(100), End: ms(200), Kind: EvPause}}
+	b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+	if g := Gaps(b.h, 8)[0]; g.GrantsBack != -2 {
+		t.Errorf("nothing asked after the fault: grants again %v, want -2 (not measured)", g.GrantsBack)
+	}
+}

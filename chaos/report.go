@@ -33,7 +33,8 @@ type Gap struct {
 	WorstShardGap time.Duration
 	// From the fault's end to each shard's first grant or release of a
 	// request sent after it, for the shard that waited longest; -1 if one
-	// made none before the next fault or the end of the run.
+	// made none before the next fault or the end of the run, -2 if no shard
+	// was asked anything in that time.
 	GrantsBack      time.Duration
 	GrantsBackShard int
 }
@@ -91,6 +92,7 @@ func Gaps(h *History, shards int) []Gap {
 		if k+1 < len(h.Events) {
 			next = h.Events[k+1].Start
 		}
+		g.GrantsBack = -2
 		for s, ops := range progress {
 			if i, _ := slices.BinarySearch(sent[s], e.End); i == len(sent[s]) || sent[s][i] >= next {
 				continue // nothing asked of this shard: nothing to grant
@@ -104,7 +106,7 @@ func Gaps(h *History, shards int) []Gap {
 			switch {
 			case first < 0:
 				g.GrantsBack, g.GrantsBackShard = -1, s
-			case g.GrantsBack >= 0 && time.Duration(first-e.End) >= g.GrantsBack:
+			case g.GrantsBack == -2 || g.GrantsBack >= 0 && time.Duration(first-e.End) >= g.GrantsBack:
 				g.GrantsBack, g.GrantsBackShard = time.Duration(first-e.End), s
 			}
 			if g.GrantsBack < 0 {
@@ -265,7 +267,7 @@ func writeReport(dir string, o *Outcome) (string, error) {
 	p("")
 	p("## Faults and availability")
 	p("")
-	p("Longest gap: the longest time with no answer at all, from the fault's start to 10 s after its end (or to the next fault); the same per shard, for the shard that waited longest (keys hashed as the server hashes them). Recovery: from the fault's end to the first answer to a request sent after it. Grants again: from the fault's end to each shard's first grant or release of a request sent after it, for the shard that waited longest (none: a shard made none before the next fault).")
+	p("Longest gap: the longest time with no answer at all, from the fault's start to 10 s after its end (or to the next fault); the same per shard, for the shard that waited longest (keys hashed as the server hashes them). Recovery: from the fault's end to the first answer to a request sent after it. Grants again: from the fault's end to each shard's first grant or release of a request sent after it, for the shard that waited longest (none: a shard asked made none before the next fault).")
 	p("")
 	p("| # | fault | nodes | start | end | longest gap | worst shard's gap | recovery | grants again | detail |")
 	p("|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
@@ -275,9 +277,12 @@ func writeReport(dir string, o *Outcome) (string, error) {
 		if g.Recovery >= 0 {
 			rec = g.Recovery.Round(time.Millisecond).String()
 		}
-		back := fmt.Sprintf("none (shard %d)", g.GrantsBackShard)
-		if g.GrantsBack >= 0 {
+		back := "-" // nothing asked before the next fault
+		switch {
+		case g.GrantsBack >= 0:
 			back = fmt.Sprintf("%v (shard %d)", g.GrantsBack.Round(time.Millisecond), g.GrantsBackShard)
+		case g.GrantsBack == -1:
+			back = fmt.Sprintf("none (shard %d)", g.GrantsBackShard)
 		}
 		p("| %d | %s | %v | %s | %s | %v | %v (shard %d) | %s | %s | %s |", i+1, e.Kind, e.Nodes, fmtT(e.Start), fmtT(e.End),
 			g.Longest.Round(time.Millisecond), g.WorstShardGap.Round(time.Millisecond), g.WorstShard, rec, back, e.Detail)
