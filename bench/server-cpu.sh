@@ -11,8 +11,9 @@
 #   bench/server-cpu.sh ROUNDS SECONDS TICKETD... > out.txt
 #   DEPTH=1 REDIS=$(command -v redis-server) bench/server-cpu.sh ROUNDS SECONDS TICKETD...
 #
-# WARMUP=S gives each run S seconds of warm-up (default 0; the bench's runs
-# have 1 s). It starts each server with a fresh data dir on its own loopback
+# WARMUP=S runs each system S seconds before each measured run (default 0;
+# the bench's runs have 1 s), on connections of its own, outside the CPU
+# counted. It starts each server with a fresh data dir on its own loopback
 # port, from PORT (default 17960) up, in this script's session as the bench
 # does (OWN_SESSION=1: each in a session of its own, which at depth 1 about
 # doubles every server's p99: bench/results/sessions.txt), and stops only
@@ -53,9 +54,15 @@ for r in $(seq "$rounds"); do
 	declare -A pps=()
 	lines=()
 	for k in "${!pids[@]}"; do
+		# The warm-up is a run of its own, before the CPU is read: the pairs
+		# counted are the window's alone, so the CPU must be too.
+		if [ "${WARMUP:-0}" != 0 ]; then
+			"$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" \
+				-duration "${WARMUP}s" -warmup 0s -quiet >/dev/null 2>&1
+		fi
 		read -r u0 s0 < <(ticks "${pids[$k]}")
 		out=$("$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" \
-			-duration "${secs}s" -warmup "${WARMUP:-0}s" -quiet 2>&1 | grep -E '^(window|latency)')
+			-duration "${secs}s" -warmup 0s -quiet 2>&1 | grep -E '^(window|latency)')
 		read -r u1 s1 < <(ticks "${pids[$k]}")
 		pairs=$(sed -n 's/.*(\([0-9]*\) granted.*/\1/p' <<<"$out")
 		rate=$(sed -n 's/^window [^:]*: \([0-9,]*\) pairs.*/\1/p' <<<"$out" | tr -d ,)
