@@ -106,6 +106,15 @@ func serve(cfg *config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Before the data dir is opened: opening it takes a clean shutdown's
+	// snapshot in, and a start that then fails on a busy port or a typo
+	// would leave the next one a crash restart, its held locks forgotten.
+	// Connections that arrive until Serve wait in the backlog.
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		adm.stop(context.Background())
+		return fmt.Errorf("cannot listen on --listen %s: %w", cfg.listen, err)
+	}
 	var runner backend
 	if cfg.cluster.enabled() {
 		runner, err = openCluster(cfg, log, adm)
@@ -113,16 +122,11 @@ func serve(cfg *config, log *zap.Logger) error {
 		runner, err = openSingle(cfg, log, adm)
 	}
 	if err != nil {
+		_ = ln.Close()
 		adm.stop(context.Background())
 		return err
 	}
 
-	ln, err := net.Listen("tcp", cfg.listen)
-	if err != nil {
-		_ = runner.Close()
-		adm.stop(context.Background())
-		return fmt.Errorf("cannot listen on --listen %s: %w", cfg.listen, err)
-	}
 	// Loops keep their threads in single mode, where it was measured (the
 	// depth-1 p99). In cluster mode the raft log's fsync makes the tail.
 	lockThreads := !cfg.cluster.enabled()

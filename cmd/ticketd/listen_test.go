@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// dirFiles maps each file under dir to its contents.
+func dirFiles(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		files[strings.TrimPrefix(path, dir)] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// A start that cannot listen (the port taken, a typo) stops before the
+// data dir is touched: a clean shutdown's snapshot is still there for the
+// next start, which holds the same keys.
+func TestAStartThatCannotListenLeavesTheDataDir(t *testing.T) {
+	dir := t.TempDir()
+	s := startServer(t, 1024, "--data-dir", dir)
+	if a, err := acquire(s.lock, "kept"); err != nil || !strings.HasPrefix(a, "A ") {
+		t.Fatalf("acquire: %q, %v", a, err)
+	}
+	s.stop(t, 30*time.Second)
+	before := dirFiles(t, dir)
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, addr := range []string{taken.Addr().String(), "999.1.1.1:1"} {
+		args, _ := json.Marshal([]string{"--listen", addr, "--data-dir", dir})
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTicketd$")
+		cmd.Env = append(os.Environ(), "TICKETD_TEST_PROCESS=1", "TICKETD_TEST_ARGS="+string(args))
+		var out bytes.Buffer
+		cmd.Stderr = &out
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(out.String(), "cannot listen on --listen") {
+			t.Fatalf("--listen %s: %v, want exit 1 naming --listen; output:\n%s", addr, err, out.String())
+		}
+		if after := dirFiles(t, dir); !maps.Equal(before, after) {
+			t.Fatalf("--listen %s changed the data dir: %d files before, %d after", addr, len(before), len(after))
+		}
+	}
+
+	s = startServer(t, 1024, "--data-dir", dir)
+	if !strings.Contains(s.log.String(), "restored locks from clean shutdown") {
+		t.Errorf("the next start did not restore the snapshot:\n%s", s.log.String())
+	}
+	if a, err := acquire(s.lock, "kept"); err != nil || !strings.HasPrefix(a, "T") {
+		t.Errorf("acquire of the key held before: %q, %v; want T (still held)", a, err)
+	}
+}
