@@ -163,12 +163,15 @@ func (c *config) validate() error {
 		return bad("log-format", "%q is not console or json", c.logFormat)
 	}
 	limit := descriptorLimit()
-	fit := int(limit) - descriptorReserve
+	// Under a limit too small for the reserve a few connections are still
+	// allowed (accepting then meets EMFILE, which the accept loop survives),
+	// the same for the default as for an explicit value.
+	fit := max(int(limit)-descriptorReserve, 16)
 	switch {
 	case c.maxConns < 0:
 		return bad("max-conns", "%d must not be negative", c.maxConns)
 	case c.maxConns == 0:
-		c.maxConns = max(fit, 16)
+		c.maxConns = fit
 	case c.maxConns > fit:
 		return bad("max-conns", "%d does not fit under the process's descriptor limit of %d (at most %d; raise `ulimit -n` first)", c.maxConns, limit, fit)
 	}

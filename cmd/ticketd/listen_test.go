@@ -8,10 +8,31 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
+
+// runTicketd runs a ticketd process that is expected to stop by itself,
+// and returns its exit code and output.
+func runTicketd(t *testing.T, nofile int, args ...string) (int, string) {
+	t.Helper()
+	a, _ := json.Marshal(args)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTicketd$")
+	cmd.Env = append(os.Environ(), "TICKETD_TEST_PROCESS=1",
+		"TICKETD_TEST_NOFILE="+strconv.Itoa(nofile), "TICKETD_TEST_ARGS="+string(a))
+	var out bytes.Buffer
+	cmd.Stderr = &out
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), out.String()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, out.String()
+}
 
 // dirFiles maps each file under dir to its contents.
 func dirFiles(t *testing.T, dir string) map[string]string {
@@ -49,14 +70,9 @@ func TestAStartThatCannotListenLeavesTheDataDir(t *testing.T) {
 	}
 	defer taken.Close()
 	for _, addr := range []string{taken.Addr().String(), "999.1.1.1:1"} {
-		args, _ := json.Marshal([]string{"--listen", addr, "--data-dir", dir})
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTicketd$")
-		cmd.Env = append(os.Environ(), "TICKETD_TEST_PROCESS=1", "TICKETD_TEST_ARGS="+string(args))
-		var out bytes.Buffer
-		cmd.Stderr = &out
-		err := cmd.Run()
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(out.String(), "cannot listen on --listen") {
-			t.Fatalf("--listen %s: %v, want exit 1 naming --listen; output:\n%s", addr, err, out.String())
+		code, out := runTicketd(t, 1024, "--listen", addr, "--data-dir", dir)
+		if code != 1 || !strings.Contains(out, "cannot listen on --listen") {
+			t.Fatalf("--listen %s: exit %d, want 1 naming --listen; output:\n%s", addr, code, out)
 		}
 		if after := dirFiles(t, dir); !maps.Equal(before, after) {
 			t.Fatalf("--listen %s changed the data dir: %d files before, %d after", addr, len(before), len(after))
@@ -69,5 +85,20 @@ func TestAStartThatCannotListenLeavesTheDataDir(t *testing.T) {
 	}
 	if a, err := acquire(s.lock, "kept"); err != nil || !strings.HasPrefix(a, "T") {
 		t.Errorf("acquire of the key held before: %q, %v; want T (still held)", a, err)
+	}
+}
+
+// Under a descriptor limit too small for the reserve, --max-conns takes
+// the same floor as its default: an explicit value under it starts, one
+// above it is refused with a bound that makes sense.
+func TestMaxConnsUnderASmallDescriptorLimit(t *testing.T) {
+	s := startServer(t, 100, "--max-conns", "10")
+	if !strings.Contains(s.log.String(), `"max_conns":10`) {
+		t.Errorf("want max_conns 10 in the listening line:\n%s", s.log.String())
+	}
+	s.stop(t, 30*time.Second)
+	code, out := runTicketd(t, 100, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--max-conns", "17")
+	if code != 2 || !strings.Contains(out, "at most 16;") {
+		t.Errorf("--max-conns 17 under 100 descriptors: exit %d, want 2 and \"at most 16\"; output:\n%s", code, out)
 	}
 }
