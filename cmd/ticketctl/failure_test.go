@@ -406,3 +406,21 @@ func TestLeaseOutOfRange(t *testing.T) {
 		}
 	}
 }
+
+// A malformed address is a bad argument, exit 2, whether in --addr or in
+// $TICKETD_ADDR, and no server is needed to say so.
+func TestMalformedAddressIsAUsageError(t *testing.T) {
+	for _, c := range []struct {
+		env  []string
+		args []string
+	}{
+		{nil, []string{"--addr", "foo", "acquire", "k"}},
+		{nil, []string{"--addr", "127.0.0.1:1,foo:bar:9", "release", "k", "1"}},
+		{[]string{"TICKETD_ADDR=x"}, []string{"acquire", "k"}},
+	} {
+		r := runCtl(t, c.env, c.args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "want HOST:PORT") {
+			t.Errorf("ticketctl %s (env %v): want exit 2 naming HOST:PORT; got %v", strings.Join(c.args, " "), c.env, r)
+		}
+	}
+}
