@@ -71,10 +71,11 @@ func (l Lock) Owner() string {
 }
 
 // Dial connects to the ticketd at addr, a host:port or a comma-separated
-// list of them (a cluster: any node serves any key). It returns once at least
-// one connection is up; the others, and any that breaks later, are
-// (re)connected in the background with backoff, trying the addresses in
-// turn. ctx bounds only the first connection attempts.
+// list of them (a cluster: any node serves any key). Each connection makes
+// its first attempt at once, on its own address and then the others; Dial
+// returns when all have, with at least one up. The others, and any that
+// breaks later, are (re)connected in the background with backoff, trying
+// the addresses in turn. ctx bounds only the first connection attempts.
 //
 // Dial fails with a *ConnError (errors.Is(err, ErrConnBroken)) when no
 // address could be reached, and with ErrInvalid for a bad option.
@@ -102,30 +103,33 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		idPrefix: cfg.clientID + ".",
 	}
 	cl.ctx, cl.cancel = context.WithCancel(context.Background())
-	conns := make([]net.Conn, cfg.conns)
-	var firstErr error
-	up := 0
 	for i := range cfg.conns {
-		s := newSlot(cl, i%len(addrs))
-		cl.slots = append(cl.slots, s)
-		nc, err := s.dial(ctx)
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
+		cl.slots = append(cl.slots, newSlot(cl, i%len(addrs)))
+	}
+	// Every connection makes its first attempt at once: one after another,
+	// an address that drops packets held Dial a dial timeout for each
+	// connection homed on it.
+	conns := make([]net.Conn, cfg.conns)
+	errs := make([]error, cfg.conns)
+	var dialing sync.WaitGroup
+	for i, s := range cl.slots {
+		dialing.Go(func() { conns[i], errs[i] = s.dial(ctx) })
+	}
+	dialing.Wait()
+	up := 0
+	for i, s := range cl.slots {
+		if errs[i] == nil {
+			s.head.Store(nil) // take calls at once; the writer drains them when it starts
+			up++
 		}
-		conns[i] = nc
-		s.head.Store(nil) // take calls at once; the writer drains them when it starts
-		up++
 	}
 	if up == 0 {
 		cl.cancel()
-		return nil, firstErr
+		return nil, errs[0]
 	}
 	for i, s := range cl.slots {
 		cl.wg.Add(1)
-		go s.run(conns[i])
+		go s.run(conns[i]) // nil: redials in the background
 	}
 	return cl, nil
 }
@@ -389,7 +393,8 @@ func (cl *Client) AcquireFunc(key string, lease, wait time.Duration, fn func(Loc
 // of l and returns at once, and fn gets the outcome Release would return,
 // under the same rules, but one: a release held for the next connection
 // after a break that fails at the lock's Deadline, with no connection up by
-// then, reaches fn on a timer's goroutine (at Close, on Close's).
+// then, reaches fn on a timer's goroutine (at Close, on the connection's,
+// before Close returns).
 func (cl *Client) ReleaseFunc(l Lock, fn func(error)) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil func", ErrInvalid)
