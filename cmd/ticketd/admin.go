@@ -6,6 +6,7 @@ import (
 	stdlog "log"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ticketd/ticketd/netloop"
 	"github.com/ticketd/ticketd/pprof"
+	"github.com/ticketd/ticketd/replica"
 	"github.com/ticketd/ticketd/shard"
 )
 
@@ -24,6 +26,8 @@ type admin struct {
 	lat   netloop.Observer
 	sweep netloop.Observer
 	log   *zap.Logger
+
+	node atomic.Pointer[replica.Node] // cluster mode, once started
 
 	mu      sync.Mutex
 	readyOK bool
@@ -49,6 +53,9 @@ func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 		"Time from reading a batch of frames to writing its answers.", nil)
 	a.sweep = a.a.Histogram("ticketd_sweep_duration_seconds",
 		"Time one sweep of every shard took.", nil)
+	if cfg.cluster.enabled() {
+		a.clusterPages()
+	}
 	go func() {
 		if err := a.a.Serve(ln, a.isReady); err != nil {
 			log.Warn("admin listener stopped", zap.Error(err))

@@ -26,7 +26,7 @@ func (a *admin) clusterObservers() (propose, batch replica.Observer) {
 	return p, b
 }
 
-// cluster registers cluster mode's figures and its status page.
+// cluster registers cluster mode's figures and makes its pages (clusterPages) serve n.
 func (a *admin) cluster(n *replica.Node) {
 	if a == nil {
 		return
@@ -53,10 +53,21 @@ func (a *admin) cluster(n *replica.Node) {
 		a.a.GaugeFunc("ticketd_shard_term", "Raft term of the shard.", st(func(s replica.ShardStatus) uint64 { return s.Term }), "shard", shard)
 		a.a.GaugeFunc("ticketd_shard_applied_index", "Last log index of the shard applied on this node.", st(func(s replica.ShardStatus) uint64 { return s.Applied }), "shard", shard)
 	}
+	a.node.Store(n)
+}
+
+// clusterPages registers cluster mode's operator and status pages when the
+// admin listener starts, before the node is up: until then they answer 503
+// (starting), where a 404 would read as "no such page".
+func (a *admin) clusterPages() {
 	// Every replica's state digest at its applied index, for checks that
 	// the replicas agree (it serialises each table: not for frequent use).
 	// Replacing a node whose data dir was lost (README): POST on any live node.
 	a.a.Handle("/cluster/replace", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := a.started(w)
+		if n == nil {
+			return
+		}
 		if r.Method != http.MethodPost {
 			http.Error(w, "POST /cluster/replace?old=ID&new=ID&addr=HOST:PORT", http.StatusMethodNotAllowed)
 			return
@@ -82,6 +93,10 @@ func (a *admin) cluster(n *replica.Node) {
 		// At least 1, as the flags must be: a limit no flag can give would
 		// stop every node at its next start, leaving none to change it.
 		const use = "POST /cluster/limits?max_keys=N&max_waiters=N&max_waiters_per_key=N (all three, each at least 1, as the flags)"
+		n := a.started(w)
+		if n == nil {
+			return
+		}
 		if r.Method != http.MethodPost {
 			http.Error(w, use, http.StatusMethodNotAllowed)
 			return
@@ -105,9 +120,23 @@ func (a *admin) cluster(n *replica.Node) {
 		_, _ = fmt.Fprintf(w, "ok: give every node --max-keys %d --max-waiters %d --max-waiters-per-key %d at its next start\n", v[0], v[1], v[2])
 	}))
 	a.a.Handle("/debug/cluster", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := a.started(w)
+		if n == nil {
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status(r.URL.Query().Get("digest") == "1"))
 	}))
+}
+
+// started is the cluster node once it is up; before that it answers 503 on
+// w and returns nil.
+func (a *admin) started(w http.ResponseWriter) *replica.Node {
+	n := a.node.Load()
+	if n == nil {
+		http.Error(w, "the cluster node is starting (its raft state is loading); try again in a moment", http.StatusServiceUnavailable)
+	}
+	return n
 }
 
 // operatorContext bounds an operator's call (a replace, a change of limits)
