@@ -2138,6 +2138,25 @@ type ShardStatus struct {
 	Term    uint64 `json:"term"`
 	Applied uint64 `json:"applied"`          // last log index applied here
 	Digest  string `json:"digest,omitempty"` // hash of the replica's state at Applied
+	// Members are the shard's voting members as this node has applied
+	// them (Members fills them; empty while the shard loads).
+	Members []uint64 `json:"members,omitempty"`
+}
+
+// Members fills st's members from what this node has applied of each
+// shard's membership: what an operator checks after a replace.
+func (n *Node) Members(st []ShardStatus) {
+	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+	if info == nil {
+		return
+	}
+	for _, si := range info.ShardInfoList {
+		i := int(si.ShardID) - 1
+		if i < 0 || i >= len(st) {
+			continue
+		}
+		st[i].Members = slices.Sorted(maps.Keys(si.Replicas))
+	}
 }
 
 // Status reports every shard. With digest, each replica's state is hashed

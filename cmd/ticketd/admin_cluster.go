@@ -124,8 +124,10 @@ func (a *admin) clusterPages() {
 		if n == nil {
 			return
 		}
+		st := n.Status(r.URL.Query().Get("digest") == "1")
+		n.Members(st)
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(n.Status(r.URL.Query().Get("digest") == "1"))
+		_ = json.NewEncoder(w).Encode(st)
 	}))
 }
 
