@@ -160,7 +160,7 @@ func serve(cfg *config, log *zap.Logger) error {
 	adm.ready(srv, runner)
 	mode := zap.String("mode", "single")
 	if cfg.cluster.enabled() {
-		mode = zap.String("mode", fmt.Sprintf("cluster, node %d of %d", cfg.cluster.nodeID, len(cfg.cluster.peers)))
+		mode = zap.String("mode", fmt.Sprintf("cluster, node %d, %d nodes", cfg.cluster.nodeID, len(cfg.cluster.peers)))
 	}
 	log.Info("listening",
 		zap.String("addr", ln.Addr().String()),
