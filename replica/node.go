@@ -403,14 +403,19 @@ func Start(opt Options) (*Node, error) {
 			return f
 		}
 		rc := config.Config{
-			ReplicaID:          uint64(opt.NodeID),
-			ShardID:            g.id,
-			ElectionRTT:        opt.ElectionRTT,
-			HeartbeatRTT:       max(1, opt.ElectionRTT/10),
-			CheckQuorum:        true,
-			PreVote:            true,
-			SnapshotEntries:    opt.SnapshotEntries,
-			CompactionOverhead: opt.SnapshotEntries / 4,
+			ReplicaID:    uint64(opt.NodeID),
+			ShardID:      g.id,
+			ElectionRTT:  opt.ElectionRTT,
+			HeartbeatRTT: max(1, opt.ElectionRTT/10),
+			CheckQuorum:  true,
+			PreVote:      true,
+			// A membership change carries the config change id of the
+			// members it was checked against, and is refused if they
+			// changed since (Replace relies on it: of two at once, only
+			// one adds). Without this Dragonboat ignores the id.
+			OrderedConfigChange: true,
+			SnapshotEntries:     opt.SnapshotEntries,
+			CompactionOverhead:  opt.SnapshotEntries / 4,
 		}
 		members, join := bootstrap(g.id)
 		err := nh.StartConcurrentReplica(members, join, create, rc)

@@ -106,18 +106,23 @@ func TestReplaceRefusesALiveNodeItNeverReached(t *testing.T) {
 func TestConcurrentReplacesAddOneNode(t *testing.T) {
 	c := newTestCluster(t, 1)
 	c.stop(2) // node 3 is lost
+	// Each read of the members waits for the other replace's next read
+	// (up to 5 s), so that both read the same members before each change:
+	// both remove node 3, then both add on the members [1 2].
 	var mu sync.Mutex
 	arrived := 0
-	all := make(chan struct{})
+	gen := make(chan struct{})
 	barrier := func() {
 		mu.Lock()
 		arrived++
-		if arrived == 2 {
-			close(all)
+		wait := gen
+		if arrived%2 == 0 {
+			close(gen)
+			gen = make(chan struct{})
 		}
 		mu.Unlock()
 		select {
-		case <-all:
+		case <-wait:
 		case <-time.After(5 * time.Second):
 		}
 	}
