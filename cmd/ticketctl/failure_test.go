@@ -176,8 +176,17 @@ func TestUnavailableNode(t *testing.T) {
 		!strings.Contains(r.stderr, "k may or may not have been acquired") || strings.Contains(r.stderr, "--max-lease") {
 		t.Errorf("acquire from a node without quorum: want exit 1, the node named, the outcome unknown; got %v", r)
 	}
+	if !strings.Contains(r.stderr, "point --addr at other nodes too") {
+		t.Errorf("one address given: want the advice to give others; got %v", r)
+	}
 
 	real := startServer(t)
+	// With several given, the advice is to put another first, not to give
+	// others (a new ticketctl starts on the first address again).
+	r = runCtl(t, nil, "--addr", f.addr+","+real, "acquire", "other")
+	if r.code != exitError || strings.Contains(r.stderr, "point --addr at other nodes too") || !strings.Contains(r.stderr, "another node first in --addr") {
+		t.Errorf("acquire from a node without quorum, several addresses: want the advice to list another first; got %v", r)
+	}
 	r = runCtl(t, nil, "--addr", real, "acquire", "k", "--lease", "1m")
 	if r.code != 0 {
 		t.Fatalf("acquire: %v", r)

@@ -336,8 +336,12 @@ func explain(err error, op, addr, key string) (string, int) {
 		return fmt.Sprintf("ticketd at %s could not understand the request (E %s: %s); nothing was carried out. Are ticketctl and ticketd of the same version?",
 			node, se.Code, se.Text), exitError
 	case isSE && se.Code == "unavailable":
-		return fmt.Sprintf("ticketd at %s has no quorum for the key's shard (E unavailable: %s); %s. Try again, or point --addr at other nodes too",
-			node, se.Text, mayHaveHappened(op, key)), exitError
+		next := "Try again, or point --addr at other nodes too"
+		if addrCount(addr) > 1 {
+			next = "Try again, or list another node first in --addr (this one may be cut off from the others)"
+		}
+		return fmt.Sprintf("ticketd at %s has no quorum for the key's shard (E unavailable: %s); %s. %s",
+			node, se.Text, mayHaveHappened(op, key), next), exitError
 	case isSE:
 		return fmt.Sprintf("ticketd at %s gave up the request (E %s: %s); %s",
 			node, se.Code, se.Text, mayHaveHappened(op, key)), exitError
