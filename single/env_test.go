@@ -111,20 +111,24 @@ func (c *fakeClock) jump(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// Advance moves time on by d, in steps that stop at every timer on the way.
-// waitTimers returns once n timers were made on c.
-func (c *fakeClock) waitTimers(n int) {
-	for {
+// waitTimers returns once n timers were made on c; a runner that has not
+// made them within 10 s fails t rather than hanging the test.
+func (c *fakeClock) waitTimers(t *testing.T, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		c.mu.Lock()
 		made := len(c.timers)
 		c.mu.Unlock()
 		if made >= n {
 			return
 		}
-		time.Sleep(time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("%d timers made on the fake clock after 10s, want %d", made, n)
+		}
 	}
 }
 
+// Advance moves time on by d, in steps that stop at every timer on the way.
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -306,7 +310,7 @@ func startRig(t *testing.T, dir string, o rigOpts) *rig {
 	r.Attach(g.srv)
 	// The runner's loops make their timers as they start: an Advance before
 	// that would not reach them.
-	o.clock.waitTimers(timers + 3)
+	o.clock.waitTimers(t, timers+3)
 	if err := g.srv.Serve(ln); err != nil {
 		t.Fatal(err)
 	}
