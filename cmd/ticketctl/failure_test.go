@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 // fake is a ticketd stand-in on loopback: answer gives the line to send for
@@ -119,36 +121,15 @@ func (f *fake) requests() []string {
 	return append([]string(nil), f.reqs...)
 }
 
-// blackhole returns a loopback address whose connection attempts go
-// unanswered, as a host that is down or cut off: a listener with a full
-// accept queue, which the kernel lets drop each SYN.
+// blackhole is serverproc.BlackHole for t.
 func blackhole(t *testing.T) string {
 	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	addr, release, err := serverproc.BlackHole()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-	for range 16 {
-		nc, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
-		if err != nil {
-			return addr // the queue is full
-		}
-		t.Cleanup(func() { nc.Close() })
-	}
-	t.Fatalf("the accept queue of %s does not fill", addr)
-	return ""
+	t.Cleanup(release)
+	return addr
 }
 
 // A first address that lets connection attempts time out (no reset) does
