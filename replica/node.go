@@ -2144,23 +2144,17 @@ type ShardStatus struct {
 	Applied uint64 `json:"applied"`          // last log index applied here
 	Digest  string `json:"digest,omitempty"` // hash of the replica's state at Applied
 	// Members are the shard's voting members as this node has applied
-	// them (Members fills them; empty while the shard loads).
-	Members []uint64 `json:"members,omitempty"`
+	// them (Members fills them; empty until the shard has loaded).
+	Members []uint32 `json:"members,omitempty"`
 }
 
-// Members fills st's members from what this node has applied of each
-// shard's membership: what an operator checks after a replace.
+// Members fills st's members from what membersLoop read after each change
+// this node applied: what an operator checks after a replace.
 func (n *Node) Members(st []ShardStatus) {
-	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
-	if info == nil {
-		return
-	}
-	for _, si := range info.ShardInfoList {
-		i := int(si.ShardID) - 1
-		if i < 0 || i >= len(st) {
-			continue
+	for i := range min(len(st), len(n.grps)) {
+		if rs := n.grps[i].replicas.Load(); rs != nil {
+			st[i].Members = slices.Sorted(maps.Keys(*rs))
 		}
-		st[i].Members = slices.Sorted(maps.Keys(si.Replicas))
 	}
 }
 

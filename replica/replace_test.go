@@ -207,30 +207,29 @@ func TestJoiningNodeNobodyAddedSaysSo(t *testing.T) {
 func TestMembersAfterAReplace(t *testing.T) {
 	c := newTestCluster(t, 2)
 	c.waitReady()
-	st := c.nodes[0].Status(false)
-	c.nodes[0].Members(st)
-	for _, s := range st {
-		if !slices.Equal(s.Members, []uint64{1, 2, 3}) {
-			t.Errorf("shard %d: members %v, want [1 2 3]", s.Shard, s.Members)
+	// Read again after each change applied, and each second: soon, if not
+	// at once.
+	waitMembers := func(what string, want []uint32) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			st := c.nodes[0].Status(false)
+			c.nodes[0].Members(st)
+			done := true
+			for _, s := range st {
+				done = done && slices.Equal(s.Members, want)
+			}
+			if done {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v, want members %v in every shard", what, st, want)
+			}
 		}
 	}
+	waitMembers("started", []uint32{1, 2, 3})
 	c.stop(2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c.replaceThird(ctx)
-	// Applied on this node, if not already when Replace returned, soon after.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		st = c.nodes[0].Status(false)
-		c.nodes[0].Members(st)
-		done := true
-		for _, s := range st {
-			done = done && slices.Equal(s.Members, []uint64{1, 2, 4})
-		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after replacing 3 by 4: %+v, want members [1 2 4] in every shard", st)
-		}
-	}
+	waitMembers("after replacing 3 by 4", []uint32{1, 2, 4})
 }
