@@ -417,7 +417,7 @@ func checkProgress(h *History, cfg CheckConfig, r *CheckResult) {
 		}
 		s := &per[shard.Index(o.Key, shards)]
 		s.sent = append(s.sent, o)
-		if o.Complete >= 0 && (o.Result == ResGranted || o.Result == ResReleased) {
+		if o.progressed() {
 			s.progress = append(s.progress, o)
 		}
 	}

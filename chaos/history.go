@@ -59,6 +59,12 @@ type Op struct {
 	LostAt int64 `json:"lost_at,omitempty"`
 }
 
+// progressed tells whether o was answered with a grant or a release: what
+// a shard that serves makes, and one stuck after a fault does not.
+func (o *Op) progressed() bool {
+	return o.Complete >= 0 && (o.Result == ResGranted || o.Result == ResReleased)
+}
+
 func (o *Op) String() string {
 	c := "?"
 	if o.Complete >= 0 {

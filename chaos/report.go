@@ -54,7 +54,7 @@ func Gaps(h *History, shards int) []Gap {
 			done = append(done, o.Complete)
 			s := shard.Index(o.Key, shards)
 			perShard[s] = append(perShard[s], o.Complete)
-			if o.Result == ResGranted || o.Result == ResReleased {
+			if o.progressed() {
 				progress[s] = append(progress[s], o)
 			}
 		}
