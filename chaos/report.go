@@ -46,17 +46,17 @@ func Gaps(h *History, shards int) []Gap {
 	perShard := make([][]int64, shards)
 	progress, sent := make([][]*Op, shards), make([][]int64, shards)
 	for _, o := range h.Ops {
-		if o.Kind != 'W' {
-			s := shard.Index(o.Key, shards)
-			sent[s] = append(sent[s], o.Invoke)
+		if o.Kind == 'W' {
+			continue
 		}
-		if o.Kind != 'W' && o.Complete >= 0 {
+		s := shard.Index(o.Key, shards)
+		sent[s] = append(sent[s], o.Invoke)
+		if o.Complete >= 0 {
 			done = append(done, o.Complete)
-			s := shard.Index(o.Key, shards)
 			perShard[s] = append(perShard[s], o.Complete)
-			if o.progressed() {
-				progress[s] = append(progress[s], o)
-			}
+		}
+		if o.progressed() {
+			progress[s] = append(progress[s], o)
 		}
 	}
 	slices.Sort(done)
