@@ -78,7 +78,8 @@ func (l Lock) Owner() string {
 // the addresses in turn. ctx bounds only the first connection attempts.
 //
 // Dial fails with a *ConnError (errors.Is(err, ErrConnBroken)) when no
-// address could be reached, and with ErrInvalid for a bad option.
+// address could be reached, and with ErrInvalid for a bad option or an
+// address that is not host:port.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -89,9 +90,14 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	}
 	var addrs []string
 	for a := range strings.SplitSeq(addr, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			addrs = append(addrs, a)
+		if a = strings.TrimSpace(a); a == "" {
+			continue
 		}
+		// A typo is the caller's, not a server out of reach.
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return nil, fmt.Errorf("%w: address %q: want HOST:PORT, several comma-separated", ErrInvalid, a)
+		}
+		addrs = append(addrs, a)
 	}
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("%w: no server address given", ErrInvalid)

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -29,5 +30,19 @@ func TestDialAttemptsTheConnectionsAtOnce(t *testing.T) {
 	}
 	if err := cl.Release(testCtx(t), l); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An address that is not host:port is the caller's mistake: ErrInvalid at
+// once, not a *ConnError after a dial.
+func TestDialRefusesAMalformedAddress(t *testing.T) {
+	for _, addr := range []string{"foo", "127.0.0.1:1,foo:bar:9", "host:"} {
+		cl, err := client.Dial(t.Context(), addr)
+		if !errors.Is(err, client.ErrInvalid) {
+			if cl != nil {
+				cl.Close()
+			}
+			t.Errorf("Dial(%q): %v, want ErrInvalid", addr, err)
+		}
 	}
 }

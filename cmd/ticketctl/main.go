@@ -179,18 +179,6 @@ func (c *command) parse(args []string, npos int, want string, tail bool, stdout,
 	if ok && len(pos) != npos {
 		return nil, nil, usageError(stderr, c.name, fmt.Sprintf("want %s, got %d arguments", want, len(pos))), false
 	}
-	if ok {
-		// A malformed address is a bad argument (exit 2), not a server
-		// that cannot be reached (exit 1).
-		for a := range strings.SplitSeq(*c.addr, ",") {
-			if a = strings.TrimSpace(a); a == "" {
-				continue
-			}
-			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-				return nil, nil, usageError(stderr, c.name, fmt.Sprintf("--addr %q: want HOST:PORT, several comma-separated", a)), false
-			}
-		}
-	}
 	return pos, rest, code, ok
 }
 
