@@ -25,6 +25,7 @@ type Client struct {
 	slots    []*slot
 	seq      atomic.Uint64 // sequence of generated owners
 	closed   atomic.Bool
+	shut     atomic.Bool     // Close's flush is over: a connection served from now on is closed at once
 	ctx      context.Context // ends at Close: stops dialling and backoff
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -157,6 +158,7 @@ func (cl *Client) Close() error {
 		flushing.Go(func() { s.closeFlush(deadline) })
 	}
 	flushing.Wait()
+	cl.shut.Store(true)
 	cl.cancel()
 	for _, s := range cl.slots {
 		s.closeConn()

@@ -91,6 +91,9 @@ type slot struct {
 	// connection to home, guarded by ncMu) takes its place and sends them.
 	moving   atomic.Bool
 	homeConn net.Conn
+	// homing: a move was decided (homeConn set) and the connection home
+	// is not yet in place; guarded by ncMu.
+	homing bool
 	// ending: the reader met an E line or a bad answer; nothing more is
 	// written on the connection.
 	ending   atomic.Bool
@@ -211,12 +214,20 @@ func (s *slot) run(nc net.Conn) {
 			next := s.homeConn
 			s.homeConn = nil
 			s.ncMu.Unlock()
-			if next != nil && !s.cl.closed.Load() {
+			// A move home that Close met after it was decided still
+			// carries Close's flush: the releases queued for it go out there.
+			if next != nil && beforeMoveHome != nil {
+				beforeMoveHome()
+			}
+			if next != nil && !s.cl.shut.Load() {
 				nc, s.cur, s.addr, s.failed = next, s.home, s.cl.addrs[s.home], -1
 				s.homePace.Arrived(time.Now())
 				continue // moved home: nothing failed
 			}
 			if next != nil {
+				s.ncMu.Lock()
+				s.homing = false
+				s.ncMu.Unlock()
 				next.Close()
 				s.failUnsent(ErrClosed) // what serve left queued for next
 			}
@@ -251,16 +262,18 @@ func (s *slot) run(nc net.Conn) {
 // fails what it leaves unanswered.
 func (s *slot) serve(nc net.Conn) {
 	s.ncMu.Lock()
-	s.nc = nc
-	if s.cl.closed.Load() {
+	s.nc, s.homing = nc, false
+	// Cleared with nc in place, so that Close's flush, which reads both
+	// under ncMu, never takes a connection still marked moving for one.
+	s.moving.Store(false)
+	s.ending.Store(false)
+	if s.cl.shut.Load() {
 		nc.Close() // Close came first: the read fails at once, and the teardown below runs
 	}
 	s.ncMu.Unlock()
 
 	// Open the stack before the writer starts: the writer must never take
 	// the closed mark for a call.
-	s.moving.Store(false)
-	s.ending.Store(false)
 	s.head.CompareAndSwap(closedCall, nil)
 	s.sendHeld()
 	s.try.reset(nc)
@@ -306,7 +319,7 @@ func (s *slot) serve(nc net.Conn) {
 	s.ncMu.Lock()
 	switching := s.homeConn != nil
 	s.ncMu.Unlock()
-	if !switching || s.cl.closed.Load() {
+	if !switching || s.cl.shut.Load() {
 		s.failUnsent(err)
 	}
 
@@ -595,17 +608,33 @@ func (s *slot) goHome(nc net.Conn, stop <-chan struct{}, done chan<- struct{}) {
 		if err != nil {
 			continue
 		}
+		// Whether to move is decided under ncMu, where Close's flush looks
+		// (closeFlush): once Close has begun no move starts or completes,
+		// and the releases queued meanwhile go out on nc.
+		s.ncMu.Lock()
+		if s.cl.closed.Load() {
+			s.ncMu.Unlock()
+			hc.Close()
+			return
+		}
 		s.moving.Store(true)
+		s.ncMu.Unlock()
 		if s.drained(stop) {
 			s.ncMu.Lock()
-			s.homeConn = hc
+			if !s.cl.closed.Load() {
+				s.homeConn, s.homing = hc, true
+				s.ncMu.Unlock()
+				nc.Close()
+				return
+			}
 			s.ncMu.Unlock()
-			nc.Close()
-			return
 		}
 		s.moving.Store(false)
 		s.wakeWriter()
 		hc.Close()
+		if s.cl.closed.Load() {
+			return
+		}
 	}
 }
 
@@ -659,6 +688,9 @@ var (
 	goHomeAfter   = redial.GoHomeAfter
 	drainLimit    = 250 * time.Millisecond
 	queuedRecheck = 50 * time.Millisecond
+	// beforeMoveHome runs when a move home is decided, before the
+	// connection home takes the slot's place.
+	beforeMoveHome func()
 )
 
 // writeLoop encodes and writes batches of queued requests until stop.
@@ -853,11 +885,25 @@ func (s *slot) addRel(c *call) {
 // to the end of their leases; and a close with answers unread resets the
 // connection, which can drop what was just written. Acquires still queued
 // are not sent: they fail with ErrClosed in the teardown.
+//
+// A move home under way is called off (goHome sees closed under ncMu and
+// no longer moves), so the releases it held back go out on nc. One already
+// decided goes on: the releases wait for the connection home, and the flush
+// waits for it to be in place.
 func (s *slot) closeFlush(deadline time.Time) {
 	s.ncMu.Lock()
-	nc := s.nc
+	nc, switching := s.nc, s.homing
+	if !switching {
+		s.moving.Store(false)
+	}
 	s.ncMu.Unlock()
-	if nc == nil || s.moving.Load() || s.ending.Load() {
+	for switching && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+		s.ncMu.Lock()
+		nc, switching = s.nc, s.homing
+		s.ncMu.Unlock()
+	}
+	if nc == nil || switching || s.moving.Load() || s.ending.Load() {
 		return
 	}
 	_ = nc.SetWriteDeadline(deadline)

@@ -18,3 +18,11 @@ func SetGoHome(after, limit time.Duration) (restore func()) {
 	goHomeAfter, drainLimit = after, limit
 	return func() { goHomeAfter, drainLimit = a, l }
 }
+
+// SetBeforeMoveHome sets a func to run when a move home is decided, before
+// the connection home takes the old one's place; it returns a func that
+// removes it.
+func SetBeforeMoveHome(fn func()) (restore func()) {
+	beforeMoveHome = fn
+	return func() { beforeMoveHome = nil }
+}

@@ -186,3 +186,129 @@ func TestNoGoingHomeWhileAcquireQueued(t *testing.T) {
 	}
 	<-queued
 }
+
+// A Close while a connection waits to go home (its new requests held back
+// until the old connection drains) still sends the releases held back:
+// their locks are freed now rather than at the end of their leases.
+func TestCloseWhileGoingHomeSendsHeldReleases(t *testing.T) {
+	t.Cleanup(client.SetGoHome(20*time.Millisecond, 5*time.Second))
+	released := make(chan string, 4)
+	node := func(id int) func(nc net.Conn, r *bufio.Reader) {
+		return func(nc net.Conn, r *bufio.Reader) {
+			for f := readFields(t, r); f != nil; f = readFields(t, r) {
+				switch f[0] {
+				case "A":
+					if strings.HasPrefix(f[2], "slow") {
+						time.Sleep(600 * time.Millisecond)
+					}
+					fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
+				case "R":
+					released <- fmt.Sprintf("node %d: R %s %s", id, f[1], f[2])
+					fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+				}
+			}
+		}
+	}
+	home := downAddr(t)
+	other, _ := fakeServer(t, node(2))
+	cl := dial(t, home+","+other, client.WithConns(1))
+	ctx := testCtx(t)
+	l, err := cl.Acquire(ctx, "k", time.Minute, 0)
+	if err != nil || l.Token != 2 {
+		t.Fatalf("Acquire with node 1 down: token %d, %v; want node 2's", l.Token, err)
+	}
+
+	// A slow acquire keeps the connection to node 2 from draining, so the
+	// move home, once it has its connection, holds new requests back.
+	go func() { _, _ = cl.Acquire(ctx, "slow", time.Minute, 0) }()
+	time.Sleep(50 * time.Millisecond)
+	dialled := make(chan struct{}, 1)
+	homeNode := node(1)
+	serveFake(t, listenOn(t, home), func(nc net.Conn, r *bufio.Reader) {
+		select {
+		case dialled <- struct{}{}:
+		default:
+		}
+		homeNode(nc, r)
+	})
+	select {
+	case <-dialled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection did not try to go home within 5s")
+	}
+	time.Sleep(50 * time.Millisecond) // the slow acquire is still unanswered: the move waits
+
+	if err := cl.ReleaseNoWait(l); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	select {
+	case got := <-released:
+		if want := "R 2 k"; !strings.HasSuffix(got, want) {
+			t.Fatalf("released %q, want %q", got, want)
+		}
+	default:
+		t.Fatal("Close returned without sending the release held back for the move home: the lock stays held to its lease's end")
+	}
+}
+
+// A Close just after a move home was decided waits for the connection home
+// and sends the releases held back for it there.
+func TestCloseAsAMoveHomeIsDecidedSendsHeldReleases(t *testing.T) {
+	t.Cleanup(client.SetGoHome(20*time.Millisecond, 5*time.Second))
+	released := make(chan string, 4)
+	node := func(id int) func(nc net.Conn, r *bufio.Reader) {
+		return func(nc net.Conn, r *bufio.Reader) {
+			for f := readFields(t, r); f != nil; f = readFields(t, r) {
+				switch f[0] {
+				case "A":
+					fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
+				case "R":
+					released <- fmt.Sprintf("node %d: R %s %s", id, f[1], f[2])
+					fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+				}
+			}
+		}
+	}
+	// Set before the client starts: its goroutines read it.
+	decided, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(client.SetBeforeMoveHome(func() {
+		once.Do(func() { close(decided); <-resume })
+	}))
+	home := downAddr(t)
+	other, _ := fakeServer(t, node(2))
+	cl := dial(t, home+","+other, client.WithConns(1))
+	ctx := testCtx(t)
+	l, err := cl.Acquire(ctx, "k", time.Minute, 0)
+	if err != nil || l.Token != 2 {
+		t.Fatalf("Acquire with node 1 down: token %d, %v; want node 2's", l.Token, err)
+	}
+
+	serveFake(t, listenOn(t, home), node(1))
+	select {
+	case <-decided:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no move home within 5s")
+	}
+	if err := cl.ReleaseNoWait(l); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { cl.Close(); close(closed) }()
+	time.Sleep(50 * time.Millisecond) // Close is under way
+	close(resume)
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return within 10s")
+	}
+	select {
+	case got := <-released:
+		if want := "node 1: R 2 k"; got != want {
+			t.Fatalf("released %q, want %q", got, want)
+		}
+	default:
+		t.Fatal("Close returned without sending the release held back for the move home: the lock stays held to its lease's end")
+	}
+}
