@@ -62,6 +62,11 @@ const identityFile = "cluster.json"
 var ErrDataDirInUse = errors.New("data dir is in use by another ticketd")
 
 func openDataDir(path string, node uint32, peers map[uint32]string, shards int, join, bootstrap bool) (*dataDir, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) && !join && !bootstrap {
+		// Refused below as holding no cluster state; refused here, before
+		// it is made, so that a typo leaves no directory behind.
+		return nil, fmt.Errorf("data dir %q does not exist, so it holds no cluster state: %s", path, noStateAdvice)
+	}
 	if err := atomicfile.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create data dir %q: %w", path, err)
 	}
@@ -131,8 +136,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 	}
 	if fresh && !join && !id.Join && !bootstrap {
 		d.close()
-		return nil, fmt.Errorf("data dir %q holds no cluster state: give every node --bootstrap on a new cluster's first start, or --join to a node that replaces a lost one (README: replacing a node); "+
-			"a node that ran before must find its own data dir (a typo in --data-dir, a disk that did not mount?): started afresh it would forget what it acknowledged", path)
+		return nil, fmt.Errorf("data dir %q holds no cluster state: %s", path, noStateAdvice)
 	}
 	id.Incarnation++
 	if id.Incarnation >= 1<<(64-connBits) {
@@ -148,6 +152,10 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 	d.fresh = fresh
 	return d, nil
 }
+
+// noStateAdvice ends the refusal of a data dir without cluster state.
+const noStateAdvice = "give every node --bootstrap on a new cluster's first start, or --join to a node that replaces a lost one (README: replacing a node); " +
+	"a node that ran before must find its own data dir (a typo in --data-dir, a disk that did not mount?): started afresh it would forget what it acknowledged"
 
 // raftMade records that the raft state exists, once the node host that
 // keeps it has started.

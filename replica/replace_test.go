@@ -2,7 +2,9 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -165,6 +167,9 @@ func TestNodeOnAnEmptyDataDirIsRefusedWithoutBootstrap(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "holds no cluster state") || !strings.Contains(err.Error(), dir) {
 			t.Fatalf("refused with %v", err)
+		}
+		if _, err := os.Stat(dir); filepath.Base(dir) == "typo" && !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("the refused start left %s behind (stat: %v)", dir, err)
 		}
 	}
 	// Its own data dir, without Bootstrap, is fine.
