@@ -102,6 +102,14 @@ type backend interface {
 }
 
 func serve(cfg *config, log *zap.Logger) error {
+	// First of all: a SIGTERM that came while the data dir is open, with
+	// the default action, would end the process after the open took a
+	// clean shutdown's snapshot in and before anything wrote it back, and
+	// the next start would be a crash restart, its held keys forgotten.
+	// Caught, it waits for the start to finish, then shuts down cleanly.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sig)
 	adm, err := startAdmin(cfg, log)
 	if err != nil {
 		return err
@@ -145,16 +153,12 @@ func serve(cfg *config, log *zap.Logger) error {
 	})
 	if err != nil {
 		_ = ln.Close()
-		_ = runner.Close()
+		saveAfterFailedStart(cfg, runner, log)
 		return err
 	}
-	// Before "listening": a signal sent as soon as that line appears must
-	// find the handler in place and shut down cleanly.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	runner.Attach(srv)
 	if err := srv.Serve(ln); err != nil {
-		_ = runner.Close()
+		saveAfterFailedStart(cfg, runner, log)
 		return err
 	}
 	adm.ready(srv, runner)
@@ -179,7 +183,16 @@ func serve(cfg *config, log *zap.Logger) error {
 	case <-runner.Failed():
 		failed = true // the runner logged why
 	}
-	signal.Stop(sig)
+	// Still caught: a second Ctrl-C or SIGTERM (an impatient operator, a
+	// supervisor that signals twice) must not end the process before the
+	// snapshot is written. The shutdown is bounded by --shutdown-timeout;
+	// SIGKILL remains for whoever cannot wait.
+	go func() {
+		for s := range sig {
+			log.Warn("already shutting down; the process exits once the lock table is saved (at most --shutdown-timeout)",
+				zap.String("signal", s.String()), zap.Duration("shutdown_timeout", cfg.shutdownTimeout))
+		}
+	}()
 
 	// Everything below is bounded: a process that cannot finish its
 	// shutdown in time exits 1, and the next start recovers as after a
@@ -204,6 +217,17 @@ func serve(cfg *config, log *zap.Logger) error {
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// saveAfterFailedStart ends a start that failed after the data dir was
+// opened as a clean shutdown would, so that the keys it took in from the
+// last one's snapshot are in the next start too.
+func saveAfterFailedStart(cfg *config, runner backend, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
+	defer cancel()
+	if err := runner.Shutdown(ctx); err != nil {
+		log.Warn("could not save the lock table after the failed start (the next start recovers as after a crash)", zap.Error(err))
+	}
 }
 
 // openSingle opens single mode's runner and says what the last run left.
