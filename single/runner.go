@@ -138,12 +138,19 @@ type Runner struct {
 	wg       sync.WaitGroup
 
 	// Restart facts, for the log.
+	Clean      bool     // the last run shut down cleanly: its snapshot was loaded
 	Restored   int      // keys loaded from a clean-shutdown snapshot
 	Crashed    bool     // the last run did not shut down cleanly
 	Recovered  []string // recovery: what was damaged; nil otherwise
 	SetAside   []string // recovery: where the damaged files went
 	GraceUntil int64    // crash grace end, unix ns; 0 if none
 	TokenFloor uint64   // tokens start above this
+	// NewDir: the data dir held nothing of an earlier run ("made": it did
+	// not exist; "empty": it did); "" otherwise.
+	NewDir string
+	// StaleSnapshot says why a snapshot found was dropped, older than the
+	// state ("": none was); the start is then a crash restart.
+	StaleSnapshot string
 }
 
 // Open opens the data dir and loads what the last run left.
@@ -266,9 +273,33 @@ func (r *Runner) load(ld loaded, now int64) error {
 		r.Crashed = true
 		st.TokenCeil = max(st.TokenCeil, RecoveryFloor(now))
 		st.LeaseCeil = max(st.LeaseCeil, satAdd(satAdd(now, int64(r.opt.MaxLease)), leaseStep))
+		// A snapshot that decoded whole names its leases' ends: the grace
+		// waits them out too, should --max-lease be shorter than they were.
+		if f, ok := r.snapshotFacts(ld.untrusted); ok {
+			st.LeaseCeil = max(st.LeaseCeil, satAdd(f.leaseEnd, leaseStep))
+		}
 	case ld.snap != nil:
 		if ld.st.Shards != 0 && int(ld.st.Shards) != n {
-			return fmt.Errorf("data dir %q holds a table of %d shards; restart with --shards=%d (or drain it first)", r.opt.DataDir, ld.st.Shards, ld.st.Shards)
+			f, ok := r.snapshotFacts(ld.snap)
+			if !ok || f.keys > 0 {
+				return fmt.Errorf("data dir %q holds a clean shutdown's table of %d shards with %d keys in it; restart with --shards=%d. "+
+					"--shards changes on a start after a clean shutdown that held no key (each released, or its lease ended and swept: "+
+					"--sweep-interval), or after a crash", r.opt.DataDir, ld.st.Shards, f.keys, ld.st.Shards)
+			}
+			// No key to carry over: what is left of the table is its
+			// tokens, which go on above every reservation made, and a
+			// crash grace that was still running.
+			r.TokenFloor = st.TokenCeil
+			for _, p := range r.parts {
+				p.t.SetLastToken(st.TokenCeil)
+				if f.grace > now {
+					p.t.SetGrace(f.grace)
+				}
+			}
+			if f.grace > now {
+				r.GraceUntil = f.grace
+			}
+			break
 		}
 		if err := r.restore(ld.snap); err != nil {
 			damage := fmt.Sprintf("%s holds a table that does not load: %v", snapName, err)
@@ -278,7 +309,7 @@ func (r *Runner) load(ld loaded, now int64) error {
 			// Its checksum passed, so the store found nothing to recover.
 			// The state file is whole, and its ceilings cover every grant,
 			// but a recovery is one whatever was damaged (--help).
-			if err := clockPastUse(r.opt.DataDir, now, ld.lastUse); err != nil {
+			if err := clockPastUse(r.opt.DataDir, now, ld.lastUse, ld.lastUseBy); err != nil {
 				return err
 			}
 			to, err := r.store.setAsideSnapshot(now)
@@ -298,6 +329,21 @@ func (r *Runner) load(ld loaded, now int64) error {
 		}
 	case !ld.fresh:
 		r.Crashed = true
+		r.StaleSnapshot = ld.staleSnap
+	case ld.made:
+		r.NewDir = "made"
+	default:
+		r.NewDir = "empty"
+	}
+	if ld.snap != nil && ld.snapV1 {
+		// The earlier format names no state write, so nothing tells an
+		// upgrade's snapshot from one put back: tokens go on above every
+		// reservation, which costs an upgrade nothing and keeps them
+		// growing even then.
+		r.TokenFloor = st.TokenCeil
+		for _, p := range r.parts {
+			p.t.SetLastToken(st.TokenCeil)
+		}
 	}
 	if r.Crashed {
 		// Tokens restart above every reservation ever made (the ceiling is
@@ -328,17 +374,59 @@ func (r *Runner) load(ld loaded, now int64) error {
 	// The first block is reserved with the start's own write.
 	st.TokenCeil = max(st.TokenCeil, satAddU(last, r.env.tokenBlock))
 	st.Shards = uint32(n)
+	if st.MaxLease == 0 && !ld.fresh {
+		// A dir of an earlier version, which kept no --max-lease: the
+		// leases it granted end by its lease ceiling, so none has longer
+		// than that to run. Recorded as this run's --max-lease alone, a
+		// shorter one, the next crash's grace would end before them.
+		st.MaxLease = max(0, ld.st.LeaseCeil-now)
+	}
 	st.MaxLease = max(st.MaxLease, int64(r.opt.MaxLease))
+	st.SeqSnaps = true
+	r.Clean = ld.snap != nil
 	if err := r.write(func(s *state) { *s = st }, ld.snap != nil); err != nil {
 		return fmt.Errorf("data dir %q: %w", r.opt.DataDir, err)
 	}
-	if ld.snap != nil || ld.staleSnap {
+	if ld.snap != nil || ld.staleSnap != "" {
 		// From here on a crash must look like one.
 		if err := r.store.dropSnapshot(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// snapFacts is what a snapshot blob holds beyond its tables' entries.
+type snapFacts struct {
+	keys     int   // keys held (expired leases not yet swept included)
+	leaseEnd int64 // the latest lease end granted, unix ns
+	grace    int64 // the latest crash grace end still running at its write
+}
+
+// snapshotFacts reads the snapshot blob b into tables of its own; false if
+// it does not load whole.
+func (r *Runner) snapshotFacts(b []byte) (snapFacts, bool) {
+	var f snapFacts
+	cnt, k := binary.Uvarint(b)
+	if k <= 0 || cnt > maxShards {
+		return f, false
+	}
+	b = b[k:]
+	for range cnt {
+		l, k := binary.Uvarint(b)
+		if k <= 0 || uint64(len(b)-k) < l {
+			return f, false
+		}
+		t := shard.New(shard.Config{Keys: shard.NewBudget(0), Waiters: shard.NewBudget(0)})
+		if err := t.ReadSnapshot(bytesReader(b[k : k+int(l)])); err != nil {
+			return f, false
+		}
+		f.keys += t.Stats().Keys
+		f.leaseEnd = max(f.leaseEnd, t.MaxDeadline())
+		f.grace = max(f.grace, t.Grace())
+		b = b[k+int(l):]
+	}
+	return f, len(b) == 0
 }
 
 // The snapshot blob: uvarint shard count, then per shard a uvarint length

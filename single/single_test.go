@@ -217,10 +217,17 @@ func TestCleanRestartKeepsHolders(t *testing.T) {
 
 func TestSnapshotNeedsSameShards(t *testing.T) {
 	dir := t.TempDir()
-	_, stop := startInProcess(t, dir)
+	addr, stop := startInProcess(t, dir)
+	p := newPairs(t, addr, 1)
+	p.req = codec.AppendAcquire(p.req[:0], []byte("o"), []byte("kept"), 60000, 0)
+	_, _ = p.c.Write(p.req)
+	if line, err := p.r.ReadSlice('\n'); err != nil || line[0] != 'A' {
+		t.Fatalf("acquire: %q, %v", line, err)
+	}
+	p.c.Close()
 	stop()
 	if _, err := Open(Options{DataDir: dir, Shards: 8, SweepInterval: time.Second}); err == nil {
-		t.Fatal("loaded a 4-shard snapshot into 8 shards")
+		t.Fatal("loaded a 4-shard snapshot holding a key into 8 shards")
 	}
 }
 

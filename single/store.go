@@ -63,6 +63,10 @@ type state struct {
 	// was first kept (ns; 0: unknown, a dir of an earlier version), written
 	// before each run serves: no lease granted in the dir was longer.
 	MaxLease int64
+	// SeqSnaps: a run of a version whose snapshots name their state's Seq
+	// wrote this state, so a snapshot of the earlier format found beside it
+	// is older than that run (put back, or a removal that did not last).
+	SeqSnaps bool
 }
 
 func (s *state) encode() []byte {
@@ -74,6 +78,9 @@ func (s *state) encode() []byte {
 	binary.BigEndian.PutUint64(b[32:], uint64(s.LeaseCeil))
 	binary.BigEndian.PutUint32(b[40:], s.Shards)
 	binary.BigEndian.PutUint64(b[44:], uint64(s.MaxLease))
+	if s.SeqSnaps {
+		b[52] = 1
+	}
 	binary.BigEndian.PutUint32(b[stateSize-4:], crc32.Checksum(b[:stateSize-4], castagnoli))
 	return b
 }
@@ -94,6 +101,7 @@ func decodeState(b []byte) (state, error) {
 		LeaseCeil: int64(binary.BigEndian.Uint64(b[32:])),
 		Shards:    binary.BigEndian.Uint32(b[40:]),
 		MaxLease:  int64(binary.BigEndian.Uint64(b[44:])),
+		SeqSnaps:  b[52] == 1,
 	}, nil
 }
 
@@ -131,14 +139,20 @@ type store struct {
 // loaded is what openStore found.
 type loaded struct {
 	fresh     bool   // nothing of ours was there: a new data dir
+	made      bool   // the dir did not exist: this start made it
 	st        state  // valid unless fresh or damaged
 	stOK      bool   // st was read back whole
 	snap      []byte // the clean-shutdown table; nil if none
-	staleSnap bool   // a snapshot older than the state, set aside as if none
+	staleSnap string // why a snapshot older than the state is dropped as if none ("": none was)
+	snapV1    bool   // snap is of the earlier format, which names no Seq
+	// untrusted is a snapshot that decoded whole in a recovered dir: its
+	// table is not loaded, but its leases tell how long the grace must be.
+	untrusted []byte
 	damage    []string
 	movedTo   []string // damaged files set aside (recovery)
 	recovered bool
-	lastUse   int64 // the latest time, in unix ns, the dir shows it was used
+	lastUse   int64  // the latest time, in unix ns, the dir shows it was used
+	lastUseBy string // what shows it
 }
 
 // ignorable entries do not make a dir "used before": a file system's
@@ -155,6 +169,9 @@ func ignorable(name string) bool {
 // RecoveryFloor, leases up to maxLease from now).
 func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int64) (*store, loaded, error) {
 	var ld loaded
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		ld.made = true
+	}
 	if err := atomicfile.MkdirAll(dir, 0o755); err != nil {
 		return nil, ld, fmt.Errorf("cannot create data dir %q: %w", dir, ioErr(dir, err))
 	}
@@ -233,13 +250,22 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 			ld.damage = append(ld.damage, fmt.Sprintf("%s went back: its write %d is older than %s's %d", stateName, ld.st.Seq, snapName, seq))
 			ld.stOK = false
 		} else if seq != 0 && ld.stOK && seq != ld.st.Seq {
-			ld.snap, ld.staleSnap = nil, true // a crash's restart, and the file goes
+			// A crash's restart, and the file goes.
+			ld.snap, ld.staleSnap = nil, fmt.Sprintf("it belongs to write %d of %s, and the last one is %d: a start after it did not remove it (a power loss), or it was put back", seq, stateName, ld.st.Seq)
+		} else if seq == 0 && ld.stOK && ld.st.SeqSnaps {
+			// Every clean shutdown since the state's run wrote the newer
+			// format: this one is older than that run, and its table
+			// lacks the keys granted since; loaded, it would grant them
+			// again and repeat their tokens.
+			ld.snap, ld.staleSnap = nil, "it is of the earlier format, older than this version's last run on the dir (put back, or a removal that did not last)"
+		} else if seq == 0 {
+			ld.snapV1 = true
 		}
 	}
 
-	ld.lastUse = lastUse(dir, names)
-	if ld.stOK {
-		ld.lastUse = max(ld.lastUse, ld.st.Created)
+	ld.lastUse, ld.lastUseBy = lastUse(dir, names)
+	if ld.stOK && ld.st.Created > ld.lastUse {
+		ld.lastUse, ld.lastUseBy = ld.st.Created, "the creation time that "+stateName+" records"
 	}
 	if recoverDamaged && len(ld.damage) == 0 {
 		// A whole dir can still be an older copy put back, or one emptied,
@@ -253,11 +279,11 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		if !recoverDamaged {
 			return fail(fmt.Errorf("%w: %q: %s", ErrDamaged, dir, strings.Join(ld.damage, "; ")))
 		}
-		if err := clockPastUse(dir, now, ld.lastUse); err != nil {
+		if err := clockPastUse(dir, now, ld.lastUse, ld.lastUseBy); err != nil {
 			return fail(err)
 		}
 		ld.recovered = true
-		ld.snap = nil // a clean-shutdown table is trusted only with its state
+		ld.snap, ld.untrusted = nil, ld.snap // a clean-shutdown table is trusted only with its state
 		for _, n := range []string{stateName, snapName} {
 			if ld.stOK && n == stateName {
 				continue
@@ -305,32 +331,32 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 
 // lastUse is the latest time the dir's files show, in unix ns: their
 // modification times and the times in the names of files an earlier
-// recovery set aside.
-func lastUse(dir string, names []string) int64 {
-	var last int64
+// recovery set aside; and what shows it.
+func lastUse(dir string, names []string) (last int64, by string) {
 	for _, n := range names {
-		if fi, err := os.Lstat(filepath.Join(dir, n)); err == nil {
-			last = max(last, fi.ModTime().UnixNano())
+		if fi, err := os.Lstat(filepath.Join(dir, n)); err == nil && fi.ModTime().UnixNano() > last {
+			last, by = fi.ModTime().UnixNano(), "the modification time of "+n
 		}
 		if _, at, ok := strings.Cut(n, ".damaged-"); ok {
-			if ns, err := strconv.ParseInt(at, 10, 64); err == nil {
-				last = max(last, ns)
+			if ns, err := strconv.ParseInt(at, 10, 64); err == nil && ns > last {
+				last, by = ns, "the time in the name of "+n
 			}
 		}
 	}
-	return last
+	return last, by
 }
 
 // clockPastUse refuses a recovery while the wall clock is behind the dir's
 // last use: tokens restart at RecoveryFloor, the wall clock in ns, which
 // lies above every token granted before only if the clock has not gone
 // back (a host that boots with a wrong clock before it syncs).
-func clockPastUse(dir string, now, last int64) error {
+func clockPastUse(dir string, now, last int64, by string) error {
 	if now >= last {
 		return nil
 	}
-	return fmt.Errorf("data dir %q was last used at %s, after the wall clock's %s: a recovery now could give tokens again; set the clock right, then start again",
-		dir, time.Unix(0, last).UTC().Format(time.RFC3339Nano), time.Unix(0, now).UTC().Format(time.RFC3339Nano))
+	return fmt.Errorf("data dir %q was last used at %s (%s), after the wall clock's %s: a recovery now could give tokens again; "+
+		"set the clock right, then start again (if the clock is right, that time is wrong: set %s right)",
+		dir, time.Unix(0, last).UTC().Format(time.RFC3339Nano), by, time.Unix(0, now).UTC().Format(time.RFC3339Nano), by)
 }
 
 // setAside renames the damaged file name to name.damaged-<now> ("" if

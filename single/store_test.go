@@ -188,6 +188,7 @@ func TestRecoveryRefusedWithTheClockBehind(t *testing.T) {
 				t.Fatal(err)
 			}
 			behind := time.Now().Add(-24 * time.Hour).UnixNano()
+			by := "the modification time of "
 			if aside {
 				// An earlier recovery, on a clock a day ahead of this one's.
 				future := time.Now().Add(24 * time.Hour).UnixNano()
@@ -196,12 +197,16 @@ func TestRecoveryRefusedWithTheClockBehind(t *testing.T) {
 					t.Fatal(err)
 				}
 				behind = time.Now().UnixNano()
+				by = "the time in the name of " + name
 			}
 			before := dirContents(t, dir)
 			opt := Options{DataDir: dir, Shards: 2, SweepInterval: time.Second, MaxLease: time.Minute, RecoverDamaged: true}
 			_, err := open(opt, env{clock: newFakeClock(behind)})
 			if err == nil || !strings.Contains(err.Error(), "set the clock right") || !strings.Contains(err.Error(), dir) {
 				t.Fatalf("recovery with the clock behind: %v", err)
+			}
+			if !strings.Contains(err.Error(), by) { // what to fix when the clock is right
+				t.Errorf("the refusal does not say what shows the last use (%q): %v", by, err)
 			}
 			if after := dirContents(t, dir); !maps.Equal(before, after) {
 				t.Fatalf("a refused data dir was written to:\nbefore %q\nafter  %q", keys(before), keys(after))
@@ -296,13 +301,16 @@ func keys(m map[string]string) []string {
 
 // A new dir, an empty one and one holding only lost+found are new.
 func TestNewDataDir(t *testing.T) {
-	for _, prep := range []func(dir string) error{
-		func(dir string) error { return os.Remove(dir) },
-		func(dir string) error { return nil },
-		func(dir string) error { return os.Mkdir(filepath.Join(dir, "lost+found"), 0o700) },
+	for _, c := range []struct {
+		prep func(dir string) error
+		new  string // what the runner says of it, for the log
+	}{
+		{func(dir string) error { return os.Remove(dir) }, "made"},
+		{func(dir string) error { return nil }, "empty"},
+		{func(dir string) error { return os.Mkdir(filepath.Join(dir, "lost+found"), 0o700) }, "empty"},
 	} {
 		dir := t.TempDir()
-		if err := prep(dir); err != nil {
+		if err := c.prep(dir); err != nil {
 			t.Fatal(err)
 		}
 		r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
@@ -311,6 +319,20 @@ func TestNewDataDir(t *testing.T) {
 		}
 		if r.Crashed || r.GraceUntil != 0 {
 			t.Errorf("a new dir starts as after a crash: %+v", r)
+		}
+		if r.NewDir != c.new {
+			t.Errorf("NewDir %q, want %q", r.NewDir, c.new)
+		}
+		if err := r.Shutdown(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		// Used now: the next start is a clean restart, not a new dir.
+		r, err = Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.NewDir != "" || !r.Clean {
+			t.Errorf("the second start: NewDir %q, clean %v; want a clean restart", r.NewDir, r.Clean)
 		}
 		r.Close()
 	}
@@ -386,9 +408,11 @@ func TestSnapshotBackAfterItsLoadIsNotLoaded(t *testing.T) {
 	}
 }
 
-// A snapshot written before snapshots named their state's Seq still loads.
-func TestSnapshotOfTheEarlierFormatLoads(t *testing.T) {
-	dir := usedDir(t, true)
+// earlierFormat rewrites dir's snapshot in the format from before
+// snapshots named their state's Seq, and, with earlierState, the state as
+// a version of that time wrote it (without SeqSnaps).
+func earlierFormat(t *testing.T, dir string, earlierState bool) state {
+	t.Helper()
 	p := filepath.Join(dir, snapName)
 	b, err := os.ReadFile(p)
 	if err != nil {
@@ -405,6 +429,29 @@ func TestSnapshotOfTheEarlierFormatLoads(t *testing.T) {
 	if err := os.WriteFile(p, append(old, blob...), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	b, err = os.ReadFile(filepath.Join(dir, stateName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := decodeState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if earlierState {
+		st.SeqSnaps = false
+		if err := os.WriteFile(filepath.Join(dir, stateName), st.encode(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st
+}
+
+// A snapshot written before snapshots named their state's Seq, beside a
+// state of the same time (an upgrade), still loads; as nothing tells it
+// from one put back, tokens go on above every reservation made.
+func TestSnapshotOfTheEarlierFormatLoads(t *testing.T) {
+	dir := usedDir(t, true)
+	st := earlierFormat(t, dir, true)
 	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -412,6 +459,35 @@ func TestSnapshotOfTheEarlierFormatLoads(t *testing.T) {
 	defer r.Close()
 	if r.Crashed {
 		t.Error("a snapshot of the earlier format was not loaded")
+	}
+	if r.TokenFloor < st.TokenCeil {
+		t.Errorf("tokens start above %d after the earlier format's snapshot, want above the state's ceiling %d", r.TokenFloor, st.TokenCeil)
+	}
+}
+
+// A snapshot of the earlier format beside a state that a run of this
+// version wrote is older than that run (put back, or a removal that did not
+// last): its table lacks the keys granted since, so it is not loaded, and
+// the start is a crash restart that says why.
+func TestSnapshotOfTheEarlierFormatAfterThisVersionRanIsNotLoaded(t *testing.T) {
+	dir := usedDir(t, true)
+	st := earlierFormat(t, dir, false)
+	if !st.SeqSnaps {
+		t.Fatal("this version's state does not say that its snapshots name their Seq")
+	}
+	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Crashed || r.TokenFloor < st.TokenCeil {
+		t.Errorf("crashed=%v, tokens above %d; want a crash restart above %d", r.Crashed, r.TokenFloor, st.TokenCeil)
+	}
+	if !strings.Contains(r.StaleSnapshot, "earlier format") {
+		t.Errorf("the reason given: %q", r.StaleSnapshot)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the stale snapshot is still there: %v", err)
 	}
 }
 
@@ -547,13 +623,116 @@ func TestRecoverFlagTreatsAWholeDirAsAnOlderCopy(t *testing.T) {
 // The state record round-trips every field; one written before MaxLease
 // was kept (those bytes zero, under the same checksum) reads as unknown.
 func TestStateRecordRoundTrip(t *testing.T) {
-	st := state{Seq: 7, Created: 1, TokenCeil: 1 << 40, LeaseCeil: 1 << 61, Shards: 16, MaxLease: int64(time.Hour)}
+	st := state{Seq: 7, Created: 1, TokenCeil: 1 << 40, LeaseCeil: 1 << 61, Shards: 16, MaxLease: int64(time.Hour), SeqSnaps: true}
 	got, err := decodeState(st.encode())
 	if err != nil || got != st {
 		t.Fatalf("decode(encode(%+v)) = %+v, %v", st, got, err)
 	}
-	st.MaxLease = 0
-	if got, err := decodeState(st.encode()); err != nil || got.MaxLease != 0 {
+	st.MaxLease, st.SeqSnaps = 0, false
+	if got, err := decodeState(st.encode()); err != nil || got.MaxLease != 0 || got.SeqSnaps {
 		t.Fatalf("an earlier record: %+v, %v", got, err)
+	}
+}
+
+// A dir of an earlier version, which kept no --max-lease, restarted after
+// a crash with a shorter --max-lease than its leases: the grace covers
+// them, and so does the grace of a second crash right after, which the
+// first restart's record of --max-lease bounds.
+func TestEarlierVersionsLeasesOutliveTwoCrashes(t *testing.T) {
+	dir := usedDir(t, false)
+	b, err := os.ReadFile(filepath.Join(dir, stateName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := decodeState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseEnd := time.Now().Add(time.Minute).UnixNano() // a lease it granted
+	st.MaxLease, st.SeqSnaps, st.LeaseCeil = 0, false, leaseEnd
+	if err := os.WriteFile(filepath.Join(dir, stateName), st.encode(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for crash := 1; crash <= 2; crash++ {
+		r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second, MaxLease: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GraceUntil < leaseEnd {
+			t.Errorf("restart after crash %d: no grants before %v, but a lease runs until %v",
+				crash, time.Unix(0, r.GraceUntil), time.Unix(0, leaseEnd))
+		}
+		if err := r.Close(); err != nil { // a crash
+			t.Fatal(err)
+		}
+	}
+}
+
+// A recovery of a dir whose state is damaged but whose clean-shutdown
+// snapshot decodes whole does not load the snapshot's table, but waits out
+// its leases: a --max-lease shorter than they were (against the advice)
+// must not end the grace while they run.
+func TestRecoveryWaitsOutTheSnapshotsLeases(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 2})
+	c := g.dial()
+	c.acquire("o", "k", 600_000)
+	c.c.Close() // the shutdown need not wait for it
+	if err := g.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dir, stateName), 32); err != nil {
+		t.Fatal(err)
+	}
+	opt := Options{DataDir: dir, Shards: 2, SweepInterval: time.Hour, MaxLease: 5 * time.Second, RecoverDamaged: true}
+	r, err := open(opt, env{clock: g.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Recovered == nil {
+		t.Fatal("not recovered")
+	}
+	if end := testStart + int64(600*time.Second); r.GraceUntil < end {
+		t.Errorf("recovered with grace until %v; the snapshot's lease runs until %v",
+			time.Unix(0, r.GraceUntil), time.Unix(0, end))
+	}
+}
+
+// --shards changes on a start after a clean shutdown that held no key:
+// nothing is carried over but the tokens, which go on above the earlier
+// ones. One that held a key is refused with what to do.
+func TestShardsChangeAfterACleanShutdownWithoutKeys(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 2})
+	c := g.dial()
+	tok := c.acquire("o", "k", 600_000)
+	c.c.Close()
+	if err := g.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	opt := Options{DataDir: dir, Shards: 4, SweepInterval: time.Hour, MaxLease: time.Hour}
+	if _, err := open(opt, env{clock: g.clock}); err == nil || !strings.Contains(err.Error(), "with 1 keys in it; restart with --shards=2") {
+		t.Fatalf("--shards 4 after a clean shutdown holding a key: %v", err)
+	}
+
+	g = startRig(t, dir, rigOpts{shards: 2, clock: g.clock})
+	c = g.dial()
+	c.send(fmt.Sprintf("R %d k", tok))
+	c.expect(fmt.Sprintf("R %d k", tok))
+	c.c.Close()
+	if err := g.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := open(opt, env{clock: g.clock})
+	if err != nil {
+		t.Fatalf("--shards 4 after a clean shutdown holding no key: %v", err)
+	}
+	defer r.Close()
+	if !r.Clean || r.Crashed || r.GraceUntil != 0 {
+		t.Errorf("clean %v, crashed %v, grace until %d: want a clean restart without grace", r.Clean, r.Crashed, r.GraceUntil)
+	}
+	if r.TokenFloor <= tok {
+		t.Errorf("tokens start above %d, at or below the earlier token %d", r.TokenFloor, tok)
 	}
 }

@@ -260,12 +260,24 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 			zap.Strings("set_aside", runner.SetAside),
 			zap.Uint64("tokens_above", runner.TokenFloor),
 			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
+	case runner.StaleSnapshot != "":
+		log.Warn("found a snapshot older than the state and removed it: restarting as after a crash",
+			zap.String("why", runner.StaleSnapshot),
+			zap.Uint64("tokens_above", runner.TokenFloor),
+			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
 	case runner.Crashed:
 		log.Warn("last run did not shut down cleanly",
 			zap.Uint64("tokens_above", runner.TokenFloor),
 			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
-	case runner.Restored > 0:
+	case runner.Clean:
 		log.Info("restored locks from clean shutdown", zap.Int("keys", runner.Restored))
+	case runner.NewDir == "made":
+		// Said, so that a typo in --data-dir shows: the server then starts
+		// with no locks and tokens from 1, as on its first start.
+		log.Info("new data dir: made it; no locks or tokens of an earlier run", zap.String("data_dir", cfg.dataDir))
+	case runner.NewDir == "empty":
+		log.Warn("new data dir: it was empty; no locks or tokens of an earlier run (if this server ran before, its data dir is elsewhere: a disk that did not mount?)",
+			zap.String("data_dir", cfg.dataDir))
 	}
 	return runner, nil
 }
