@@ -245,7 +245,7 @@ func (h *handler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	return nil, gnet.None
 }
 
-func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
+func (h *handler) OnClose(gc gnet.Conn, err error) gnet.Action {
 	c, ok := gc.Context().(*Conn)
 	if !ok || c == nil {
 		return gnet.None
@@ -269,6 +269,9 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		from = g.key
 	}
 	s.orphans.Add(int64(len(grants)))
+	if unsent := takeOutbound(gc); len(unsent) > 0 {
+		s.closedWithUnsent(gc, unsent, err)
+	}
 	return gnet.None
 }
 

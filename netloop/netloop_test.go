@@ -258,6 +258,7 @@ type stubConn struct {
 func (s *stubConn) Context() any                  { return s.ctx }
 func (s *stubConn) Wake(gnet.AsyncCallback) error { s.wakes.Add(1); return nil }
 func (s *stubConn) Close() error                  { s.closes.Add(1); return nil }
+func (s *stubConn) OutboundBuffered() int         { return 0 }
 
 func newStubConn(t *testing.T, b Backend) (*handler, *Conn, *stubConn) {
 	t.Helper()

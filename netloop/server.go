@@ -186,7 +186,8 @@ type Server struct {
 	parked   parkedSet
 	stopOnce sync.Once
 	done     chan struct{}
-	stopping atomic.Bool // Stop has begun: every connection lingers
+	stopping atomic.Bool  // Stop has begun: every connection lingers
+	afterEOF atomic.Int64 // connections writing what gnet left unsent after their client's end (unsent.go)
 	acceptWG sync.WaitGroup
 
 	enrollWarned atomic.Int64 // unix ns of the last failed enroll's warning
@@ -289,7 +290,7 @@ func (s *Server) lingerAll(ctx context.Context) {
 				_ = c.gc.Wake(nil)
 			}
 		})
-		if open == 0 || time.Now().After(end) {
+		if open == 0 && s.afterEOF.Load() == 0 || time.Now().After(end) {
 			return
 		}
 		select {

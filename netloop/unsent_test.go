@@ -1,0 +1,148 @@
+//go:build linux
+
+package netloop
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/codec"
+)
+
+// tokenBackend grants every acquire of key h<i> with token i+1 and records
+// the grants given back as orphaned.
+type tokenBackend struct {
+	fakeBackend
+	mu       sync.Mutex
+	orphaned []uint64
+}
+
+func (b *tokenBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
+	for i := range reqs {
+		q := &reqs[i]
+		b.handled.Add(1)
+		n, _ := strconv.ParseUint(string(q.Key[1:]), 10, 64)
+		out = codec.AppendAcquired(out, n+1, q.Owner, q.Key)
+	}
+	return out, len(reqs), false
+}
+
+func (b *tokenBackend) Orphaned(token uint64, _ []byte) {
+	b.mu.Lock()
+	b.orphaned = append(b.orphaned, token)
+	b.mu.Unlock()
+}
+
+func (b *tokenBackend) orphans() []uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]uint64(nil), b.orphaned...)
+}
+
+// dialSmall dials addr with a small receive buffer, so that the server's
+// answers back up in its own output while the test does not read.
+func dialSmall(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		_ = rc.Control(func(fd uintptr) { err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return err
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c.(*net.TCPConn)
+}
+
+func acquires(n int) []byte {
+	var b bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&b, "A o h%d 30000 0\n", i)
+	}
+	return b.Bytes()
+}
+
+// A client that ends its stream (shutdown(SHUT_WR), `nc -N`) before it
+// reads its answers still gets every one, then the end of the server's:
+// gnet, closing at the client's end, would write what the socket takes at
+// once and drop the rest, grants among it.
+func TestAnswersAfterTheClientsEndOfStream(t *testing.T) {
+	const n = 5000
+	b := &tokenBackend{}
+	_, addr := startServer(t, Config{Backend: b, SendBuffer: 8192})
+	c := dialSmall(t, addr)
+	if _, err := c.Write(acquires(n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the server reads the end while its answers wait
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	for i := range n {
+		line, err := r.ReadString('\n')
+		if want := fmt.Sprintf("A %d o h%d\n", i+1, i); line != want {
+			t.Fatalf("answer %d of %d: %q (%v), want %q", i+1, n, line, err, want)
+		}
+	}
+	if _, err := r.ReadByte(); err != io.EOF {
+		t.Fatalf("after the answers: %v, want the end of the stream", err)
+	}
+	if o := b.orphans(); len(o) != 0 {
+		t.Errorf("%d grants given back, all of which were delivered", len(o))
+	}
+}
+
+// A client that closes (resets) its connection with answers unread loses
+// them, and the grants among what gnet had not written are given back, not
+// left held to the end of their leases. None its client may have read is:
+// the first line of gnet's output may have been begun.
+func TestGrantsUnsentAtAResetAreGivenBack(t *testing.T) {
+	const n = 5000
+	b := &tokenBackend{}
+	s, addr := startServer(t, Config{Backend: b, SendBuffer: 8192})
+	c := dialSmall(t, addr)
+	if _, err := c.Write(acquires(n)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.handled.Load() < n { // wait for the answers to back up
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not answer within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	_ = c.SetLinger(0)
+	_ = c.Close()
+	for s.Stats().Conns > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection is still open 10s on")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	o := b.orphans()
+	if len(o) == 0 {
+		t.Fatal("no grant given back: those gnet had not written stay held")
+	}
+	// What was given back is the tail of the answers, in order.
+	for i := 1; i < len(o); i++ {
+		if o[i] != o[i-1]+1 {
+			t.Fatalf("given back %v...: not the unsent tail in order", o[:min(len(o), 10)])
+		}
+	}
+	if o[len(o)-1] != n {
+		t.Errorf("the last grant given back is %d, want %d", o[len(o)-1], n)
+	}
+}
