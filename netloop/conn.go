@@ -21,6 +21,11 @@ type Conn struct {
 	inflight int    // requests handed to the Backend and not yet answered
 	seq      uint64 // requests read so far
 	paused   bool
+	// While paused: how long until the parked loop wakes the connection
+	// again (doubling while its unsent output does not shrink), and that
+	// output at the last look. Loop only.
+	parkWait int64
+	parkOut  int
 	shut     bool    // lingering: the write side is shut (linger)
 	told     bool    // the Backend was told the connection is gone (Closed)
 	epfd     int     // the loop's epoll descriptor, for pausing reads
@@ -33,7 +38,8 @@ type Conn struct {
 	// sweep; 0 is none.
 	quietFrom   atomic.Int64
 	partialFrom atomic.Int64
-	woken       atomic.Bool // Stop's wake not yet handled (lingerAll)
+	woken       atomic.Bool  // Stop's wake not yet handled (lingerAll)
+	parkNext    atomic.Int64 // while parked: not woken by the parked loop before this (Server.now)
 
 	// Mailbox for answers decided on other goroutines. The grants among
 	// mail are known by token and key (their keys back to back in keys), to
@@ -564,6 +570,7 @@ func (c *Conn) over(pending int) bool {
 // its socket. It is applied again on every OnTraffic while over the limits,
 // since gnet turns reading back on after it drains output.
 func (c *Conn) pause() {
+	out := c.gc.OutboundBuffered()
 	if !c.paused {
 		c.paused = true
 		c.s.paused.Add(1)
@@ -571,8 +578,18 @@ func (c *Conn) pause() {
 		// output once it drains (least of all one whose socket is not
 		// read), so it is looked at again on a timer.
 		c.s.parked.add(c)
+		c.parkWait = int64(parkedEvery)
+	} else if out < c.parkOut {
+		c.parkWait = int64(parkedEvery) // its client reads: look again soon
+	} else {
+		// A client that reads nothing is looked at less and less often:
+		// woken every 10 ms, hundreds of them took a loop's time from
+		// every other connection.
+		c.parkWait = min(2*c.parkWait, int64(parkedMax))
 	}
-	_ = pauseRead(c.epfd, c.gc.Fd(), c.gc.OutboundBuffered() > 0)
+	c.parkOut = out
+	c.parkNext.Store(c.s.now() + c.parkWait)
+	_ = pauseRead(c.epfd, c.gc.Fd(), out > 0)
 }
 
 // resume turns reading back on; if that fails the connection stays parked
@@ -594,11 +611,17 @@ type parkedSet struct {
 	kick chan struct{} // sent to when the set stops being empty
 }
 
-const parkedEvery = 10 * time.Millisecond
+// parkedEvery is how often a parked connection is woken; parkedMax how
+// seldom a paused one whose unsent output does not shrink comes to be.
+const (
+	parkedEvery = 10 * time.Millisecond
+	parkedMax   = 320 * time.Millisecond
+)
 
 func (p *parkedSet) init() { p.m = make(map[*Conn]struct{}); p.kick = make(chan struct{}, 1) }
 
 func (p *parkedSet) add(c *Conn) {
+	c.parkNext.Store(0) // woken on the next round (pause sets a later one)
 	p.mu.Lock()
 	first := len(p.m) == 0
 	p.m[c] = struct{}{}
@@ -630,8 +653,11 @@ func (s *Server) parkedLoop() {
 	var batch []*Conn
 	for {
 		batch = s.parked.list(batch[:0])
+		now := s.now()
 		for _, c := range batch {
-			_ = c.gc.Wake(nil)
+			if c.parkNext.Load() <= now {
+				_ = c.gc.Wake(nil)
+			}
 		}
 		if len(batch) == 0 {
 			// A connection parked since the list above has kicked.

@@ -251,6 +251,7 @@ func TestOutputLimitWithinOneReadDoesNotStall(t *testing.T) {
 type stubConn struct {
 	gnet.Conn
 	ctx    any
+	out    int // OutboundBuffered
 	wakes  atomic.Int32
 	closes atomic.Int32
 }
@@ -258,7 +259,8 @@ type stubConn struct {
 func (s *stubConn) Context() any                  { return s.ctx }
 func (s *stubConn) Wake(gnet.AsyncCallback) error { s.wakes.Add(1); return nil }
 func (s *stubConn) Close() error                  { s.closes.Add(1); return nil }
-func (s *stubConn) OutboundBuffered() int         { return 0 }
+func (s *stubConn) OutboundBuffered() int         { return s.out }
+func (s *stubConn) Fd() int                       { return -1 }
 
 func newStubConn(t *testing.T, b Backend) (*handler, *Conn, *stubConn) {
 	t.Helper()
