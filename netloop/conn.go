@@ -26,13 +26,15 @@ type Conn struct {
 	// output at the last look. Loop only.
 	parkWait int64
 	parkOut  int
-	shut     bool    // lingering: the write side is shut (linger)
-	told     bool    // the Backend was told the connection is gone (Closed)
-	epfd     int     // the loop's epoll descriptor, for pausing reads
-	held     int     // inbound bytes left unparsed by the last OnTraffic
-	marks    uint64  // the Backend's (Marks)
-	active   int64   // stamp of the last read, write or pending state
-	end      *ending // being closed by the server; nil: open
+	// unsentTaken: OnClose took output gnet had not written (unsent.go).
+	unsentTaken bool
+	shut        bool    // lingering: the write side is shut (linger)
+	told        bool    // the Backend was told the connection is gone (Closed)
+	epfd        int     // the loop's epoll descriptor, for pausing reads
+	held        int     // inbound bytes left unparsed by the last OnTraffic
+	marks       uint64  // the Backend's (Marks)
+	active      int64   // stamp of the last read, write or pending state
+	end         *ending // being closed by the server; nil: open
 
 	// Timeout stamps (see timeout.go): written by the loop, read by the
 	// sweep; 0 is none.
@@ -257,6 +259,13 @@ func (h *handler) OnClose(gc gnet.Conn, err error) gnet.Action {
 		return gnet.None
 	}
 	s := h.s
+	// First, while the connection still counts as open (for Stop and
+	// --max-conns): what gnet had not written (unsent.go).
+	writing := false
+	if unsent := takeOutbound(gc); len(unsent) > 0 {
+		c.unsentTaken = true
+		writing = s.closedWithUnsent(gc, unsent, err)
+	}
 	c.mu.Lock()
 	c.closed = true
 	grants, keys := c.grants, c.keys
@@ -265,7 +274,9 @@ func (h *handler) OnClose(gc gnet.Conn, err error) gnet.Action {
 	c.dropLate()
 	s.reg.del(c.id)
 	s.parked.del(c)
-	s.conns.Add(-1)
+	if !writing { // else the writer counts it until it is done
+		s.conns.Add(-1)
+	}
 	if !c.told {
 		s.cfg.Backend.Closed(c)
 	}
@@ -275,9 +286,6 @@ func (h *handler) OnClose(gc gnet.Conn, err error) gnet.Action {
 		from = g.key
 	}
 	s.orphans.Add(int64(len(grants)))
-	if unsent := takeOutbound(gc); len(unsent) > 0 {
-		s.closedWithUnsent(gc, unsent, err)
-	}
 	return gnet.None
 }
 
@@ -448,7 +456,12 @@ func (h *handler) send(c *Conn, gc gnet.Conn, out []byte) (a gnet.Action, ok boo
 	}
 	if len(out) > 0 {
 		if _, err := gc.Write(out); err != nil {
-			h.unwritten(out)
+			// Failed at once, gnet wrote none of out; failed after writing
+			// part (to watch the socket for the rest), it kept the rest,
+			// which OnClose took and saw to.
+			if !c.unsentTaken {
+				h.unwritten(out)
+			}
 			return gnet.None, false
 		}
 	}

@@ -54,13 +54,18 @@ func pauseRead(epfd, fd int, writing bool) error {
 	if epfd < 0 {
 		return nil
 	}
-	// EPOLLRDHUP without EPOLLIN: gnet closes a connection whose client
-	// has closed its side, as it does when reading finds the end, so that
-	// a paused connection that goes away is not kept (its queued acquires
-	// withdrawn, grants for it released) until it is resumed.
+	// Without output unsent, EPOLLRDHUP without EPOLLIN: gnet closes a
+	// connection whose client has closed its side, as it does when reading
+	// finds the end, so that a paused connection that goes away is not
+	// kept (its queued acquires withdrawn, grants for it released) until
+	// it is resumed. With output unsent, EPOLLOUT alone: gnet, woken by an
+	// end of stream alone, throws its output away before it closes, and a
+	// client that half-closed before reading (`nc -N`) lost its answers.
+	// Its end is read once the output drains. A client that goes away with
+	// output unread resets the connection, which EPOLLOUT reports.
 	ev := uint32(unix.EPOLLRDHUP)
 	if writing {
-		ev |= unix.EPOLLOUT
+		ev = unix.EPOLLOUT
 	}
 	return unix.EpollCtl(epfd, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Fd: int32(fd), Events: ev})
 }

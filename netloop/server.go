@@ -183,12 +183,12 @@ type Server struct {
 	renewer  LateRenewer // the Backend, if it is one
 	reqPool  sync.Pool   // *[]codec.Request
 
-	parked   parkedSet
-	stopOnce sync.Once
-	done     chan struct{}
-	stopping atomic.Bool  // Stop has begun: every connection lingers
-	afterEOF atomic.Int64 // connections writing what gnet left unsent after their client's end (unsent.go)
-	acceptWG sync.WaitGroup
+	parked     parkedSet
+	stopOnce   sync.Once
+	done       chan struct{}
+	stopping   atomic.Bool  // Stop has begun: every connection lingers
+	unsentBusy atomic.Int64 // closed connections whose unsent output is being written or released (unsent.go)
+	acceptWG   sync.WaitGroup
 
 	enrollWarned atomic.Int64 // unix ns of the last failed enroll's warning
 }
@@ -290,7 +290,7 @@ func (s *Server) lingerAll(ctx context.Context) {
 				_ = c.gc.Wake(nil)
 			}
 		})
-		if open == 0 && s.afterEOF.Load() == 0 || time.Now().After(end) {
+		if open == 0 && s.unsentBusy.Load() == 0 || time.Now().After(end) {
 			return
 		}
 		select {

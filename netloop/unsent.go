@@ -29,9 +29,8 @@ import (
 //     descriptor from a goroutine of its own, within lingerFor, as linger
 //     does for a connection closed with an E line;
 //   - otherwise, or for what that write did not get out, releases the
-//     grants whose lines were not written whole: a line cut off is no
-//     answer, and its connection is gone. A grant is never released that
-//     its client may have read.
+//     grants whose lines were not written at all, as their connection is
+//     gone. A grant is never released that its client may have read.
 //
 // gnet's output buffer is not exported: it is reached by reflection and its
 // type checked, as loopPollFD reaches the epoll descriptor. If gnet's
@@ -47,7 +46,7 @@ func takeOutbound(gc gnet.Conn) []byte {
 		return nil
 	}
 	v := reflect.ValueOf(gc)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
 		return nil
 	}
 	f := v.Elem().FieldByName("outboundBuffer")
@@ -68,25 +67,32 @@ func takeOutbound(gc gnet.Conn) []byte {
 }
 
 // closedWithUnsent handles a connection's output that gnet had not written
-// at its close (see above); err is the close's cause, as OnClose got it.
-func (s *Server) closedWithUnsent(gc gnet.Conn, unsent []byte, err error) {
-	if errors.Is(err, io.EOF) && !s.stopping.Load() {
+// at its close (see above), off the event loop: releasing tens of thousands
+// of grants took it from every other connection for a quarter of a second.
+// err is the close's cause, as OnClose got it. It tells whether a writer
+// took the connection over, which then counts under --max-conns until it is
+// done. Stop waits for both (lingerAll).
+func (s *Server) closedWithUnsent(gc gnet.Conn, unsent []byte, err error) bool {
+	s.unsentBusy.Add(1)
+	if errors.Is(err, io.EOF) {
 		if fd, derr := dupFD(gc.Fd()); derr == nil {
-			s.conns.Add(1) // still a connection, under --max-conns, until it is done
-			s.afterEOF.Add(1)
 			go s.writeAfterEOF(fd, unsent)
-			return
+			return true
 		}
 	}
-	s.releaseUnsent(unsent, 0)
+	go func() {
+		defer s.unsentBusy.Add(-1)
+		s.releaseUnsent(unsent, 0)
+	}()
+	return false
 }
 
 // writeAfterEOF writes unsent on fd, a duplicate of a connection's
 // descriptor whose client has ended its stream, then ends the server's
 // stream and waits for the client to close, all within lingerFor; then
-// releases the grants it could not write whole.
+// releases the grants it did not start to write.
 func (s *Server) writeAfterEOF(fd int, unsent []byte) {
-	defer s.afterEOF.Add(-1)
+	defer s.unsentBusy.Add(-1)
 	defer s.conns.Add(-1)
 	written := 0
 	f := os.NewFile(uintptr(fd), "")
@@ -108,9 +114,9 @@ func (s *Server) writeAfterEOF(fd int, unsent []byte) {
 
 // releaseUnsent releases the grants among buf, a connection's unsent
 // output of which the first sent bytes were written, whose lines were not
-// written whole. buf's first line is never released: gnet may have written
-// its start before (its token is then not in buf), and the client may have
-// it.
+// written at all. One written in part is kept: a client that takes a last
+// line without its line end could take it for a grant. And buf's first
+// line is never released: gnet may have written its start before.
 func (s *Server) releaseUnsent(buf []byte, sent int) {
 	first := bytes.IndexByte(buf, '\n')
 	if first < 0 {
@@ -122,7 +128,7 @@ func (s *Server) releaseUnsent(buf []byte, sent int) {
 		if err != nil || n == 0 {
 			return
 		}
-		if end := at + n; end > sent && a.Kind == 'A' {
+		if at >= sent && a.Kind == 'A' {
 			s.cfg.Backend.Orphaned(a.Token, a.Key)
 			s.orphans.Add(1)
 		}
