@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/client"
+	"github.com/ticketd/ticketd/codec"
 )
 
 // Exit codes. run exits with its command's status once the command started.
@@ -402,6 +403,9 @@ refuse writes from a holder whose lease has ended (a lower token).
 	if code, ok := c.checkLeaseWait(*lease, *wait, stderr); !ok {
 		return code
 	}
+	if code, ok := c.checkKeyOwner(key, *owner, stderr); !ok {
+		return code
+	}
 	// A stdout whose reader is gone must not kill ticketctl with the lock
 	// taken and its token unprinted: with SIGPIPE ignored the write fails,
 	// and the lock is given back.
@@ -441,8 +445,22 @@ func (c *command) checkLeaseWait(lease, wait time.Duration, stderr io.Writer) (i
 	if lease < time.Millisecond {
 		return usageError(stderr, c.name, fmt.Sprintf("--lease %v: want at least 1ms (and at most the server's --max-lease, 1h by default)", lease)), false
 	}
-	if wait < 0 {
-		return usageError(stderr, c.name, fmt.Sprintf("--wait %v: want 0 or more (and at most the server's --max-wait, 1h by default)", wait)), false
+	if wait < 0 || wait > 0 && wait < time.Millisecond {
+		// Sent in whole milliseconds: under 1ms it would go as 0.
+		return usageError(stderr, c.name, fmt.Sprintf("--wait %v: want 0, or 1ms or more (and at most the server's --max-wait, 1h by default)", wait)), false
+	}
+	return 0, true
+}
+
+// checkKeyOwner checks key and owner ("": a generated one) as the server
+// would, before any dial: a bad one is a usage error, whether or not a
+// server is up.
+func (c *command) checkKeyOwner(key, owner string, stderr io.Writer) (int, bool) {
+	if codec.ValidateRelease(1, []byte(key)) != nil {
+		return usageError(stderr, c.name, fmt.Sprintf("key %q: want 1 to %d bytes without spaces or control bytes", key, codec.MaxKey)), false
+	}
+	if owner != "" && codec.ValidateAcquire([]byte(owner), []byte(key), 1, 0, codec.Limits{}) != nil {
+		return usageError(stderr, c.name, fmt.Sprintf("--owner %q: want 1 to %d bytes without spaces or control bytes", owner, codec.MaxOwner)), false
 	}
 	return 0, true
 }
@@ -519,9 +537,18 @@ func acquire(ctx context.Context, cl *client.Client, owner, key string, lease, w
 var stopSignals = []os.Signal{syscall.SIGHUP, os.Interrupt, syscall.SIGQUIT, syscall.SIGTERM}
 
 // notifyStop diverts stopSignals to the channel returned, until stop.
+// One ignored when ticketctl started (nohup; a background job of a shell
+// without job control ignores SIGINT and SIGQUIT) stays ignored, for run's
+// command too, which would otherwise get it back and die of it.
 func notifyStop() (sigc <-chan os.Signal, stop func()) {
 	c := make(chan os.Signal, 4)
-	signal.Notify(c, stopSignals...)
+	var sigs []os.Signal
+	for _, s := range stopSignals {
+		if !signal.Ignored(s) {
+			sigs = append(sigs, s)
+		}
+	}
+	signal.Notify(c, sigs...)
 	return c, func() { signal.Stop(c) }
 }
 
@@ -567,6 +594,9 @@ a token releases its key only once, so that is safe.
 	token, err := strconv.ParseUint(pos[1], 10, 64)
 	if err != nil || token == 0 {
 		return usageError(stderr, c.name, fmt.Sprintf("TOKEN %q: want a whole number from 1 up, as printed by 'ticketctl acquire'", pos[1]))
+	}
+	if code, ok := c.checkKeyOwner(key, "", stderr); !ok {
+		return code
 	}
 	cl, code := dial(*c.addr, stderr)
 	if cl == nil {

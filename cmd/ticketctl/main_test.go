@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -301,6 +302,12 @@ func TestHelp(t *testing.T) {
 		{[]string{"release", "k", "0"}, "TOKEN"},
 		{[]string{"release", "k", "-3"}, "flag provided but not defined"},
 		{[]string{"run", "k"}, "no COMMAND given"},
+		// Checked before any dial: usage errors whether or not a server is up.
+		{[]string{"--addr", "127.0.0.1:1", "acquire", "a b"}, `key "a b"`},
+		{[]string{"--addr", "127.0.0.1:1", "release", "a b", "1"}, `key "a b"`},
+		{[]string{"--addr", "127.0.0.1:1", "run", "a b", "--", "true"}, `key "a b"`},
+		{[]string{"--addr", "127.0.0.1:1", "acquire", "k", "--owner", "x y"}, `--owner "x y"`},
+		{[]string{"--addr", "127.0.0.1:1", "acquire", "k", "--wait", "500us"}, "--wait 500µs"},
 	} {
 		r := runCtl(t, nil, c.args...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
@@ -736,5 +743,106 @@ func TestHeldProbe(t *testing.T) {
 	if r.code != exitHeld || !strings.Contains(r.stderr, "k1 is held by someone else, or ticketd is in its grace period after a crash") ||
 		!strings.Contains(r.stderr, "(waited 100ms)") {
 		t.Errorf("acquire of a held key, probe refused: want exit 3 naming both causes; got %v", r)
+	}
+}
+
+// alive tells whether process pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i > 0 && i+2 < len(b) && b[i+2] != 'Z'
+}
+
+// --kill-on-expiry stops what the command started too: a script's
+// background job would otherwise go on working after the lease has passed
+// to someone else. Without it, ticketctl says what the command left
+// running when it ended.
+func TestRunStopsWhatTheCommandStarted(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("finds descendants in /proc")
+	}
+	addr := startServer(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	script := "sleep 30 >/dev/null 2>&1 & echo $! > " + pidFile + "; wait"
+	r := runCtl(t, nil, "--addr", addr, "run", "tree", "--lease", "300ms", "--kill-on-expiry", "--kill-grace", "300ms", "--", "sh", "-c", script)
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("%v; ticketctl: %v", err, r)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid > 0 && alive(pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("the command's background job (pid %d) still runs after the lease ended with --kill-on-expiry; ticketctl: %v", pid, r)
+	}
+
+	script = "sleep 30 >/dev/null 2>&1 & echo $! > " + pidFile
+	r = runCtl(t, nil, "--addr", addr, "run", "tree", "--", "sh", "-c", script)
+	b, _ = os.ReadFile(pidFile)
+	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid > 0 {
+		defer syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if r.code != 0 || !strings.Contains(r.stderr, "the command left 1 processes running") || !strings.Contains(r.stderr, strconv.Itoa(pid)) {
+		t.Errorf("a command that left a process running: want exit 0 and a note naming pid %d; got %v", pid, r)
+	}
+}
+
+// Signals ignored when ticketctl starts (nohup) stay ignored for run's
+// command: caught by ticketctl, they came back to the default at exec,
+// and a nohup'd job died with the terminal.
+func TestRunKeepsSignalsIgnoredAtStart(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc/self/status")
+	}
+	if ctlBuildErr != nil {
+		t.Fatal(ctlBuildErr)
+	}
+	addr := startServer(t)
+	cmd := exec.Command("sh", "-c", `trap "" HUP; exec "$0" "$@"`, ticketctlBin,
+		"--addr", addr, "run", "nohup", "--", "sh", "-c", "grep SigIgn /proc/self/status")
+	cmd.SysProcAttr = noTerminal()
+	out, err := cmd.Output()
+	var mask uint64
+	if _, serr := fmt.Sscanf(strings.TrimSpace(string(out)), "SigIgn: %x", &mask); serr != nil || err != nil {
+		t.Fatalf("%q: %v, %v", out, err, serr)
+	}
+	if mask&(1<<(syscall.SIGHUP-1)) == 0 {
+		t.Errorf("the command's ignored signals %#x lack SIGHUP, which ticketctl was started ignoring", mask)
+	}
+}
+
+// A signal while run releases the lock (ticketd not answering) ends the
+// release: ticketctl says so and exits 128+N rather than hold on for the
+// release's timeout with the signal swallowed.
+func TestRunInterruptedWhileReleasing(t *testing.T) {
+	p, err := serverproc.StartTicketd("", t.TempDir(), 20*time.Second)
+	if err != nil {
+		t.Fatalf("ticketd: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = p.Cmd.Process.Signal(syscall.SIGCONT)
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Errorf("ticketd: %v\n%s", err, p.Log())
+		}
+	})
+	// The command stops the server, so that the release gets no answer.
+	r := start(t, "--addr", p.Addr, "run", "rel", "--", "sh", "-c", fmt.Sprintf("kill -STOP %d; echo stopped", p.Pid()))
+	waitOutput(t, r.stdout, "stopped")
+	time.Sleep(300 * time.Millisecond) // in the release now
+	sent := time.Now()
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("ticketctl still runs 20s after SIGTERM")
+	}
+	code := r.cmd.ProcessState.ExitCode()
+	if code != exitSignal+int(syscall.SIGTERM) || !strings.Contains(r.stderr.String(), "interrupted (terminated) while releasing rel") {
+		t.Errorf("SIGTERM during the release, %v before the exit: exit %d, stderr %q; want 143 and a note", time.Since(sent).Round(time.Millisecond), code, r.stderr.String())
 	}
 }

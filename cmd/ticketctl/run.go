@@ -18,7 +18,7 @@ import (
 
 func cmdRun(args []string, addr string, stdout, stderr io.Writer) int {
 	c := newCommand("run",
-		"ticketctl run KEY [--lease 30s] [--wait 10s] [--kill-on-expiry] [--addr HOST:PORT] -- COMMAND [ARGS...]",
+		"ticketctl run KEY [--lease 30s] [--wait 10s] [--owner NAME] [--kill-on-expiry [--kill-grace 5s]] [--addr HOST:PORT] -- COMMAND [ARGS...]",
 		`Holds the lock on KEY while COMMAND runs, then releases it, and exits with
 the command's status. The command gets the lock in its environment, so that
 it can pass the fencing token along with its writes:
@@ -31,17 +31,25 @@ it can pass the fencing token along with its writes:
 
 There is no renewal: pick a --lease longer than the command takes. If the
 lease ends first, ticketctl says so on stderr (someone else may hold the key
-from then on); with --kill-on-expiry it also stops the command: SIGTERM, then
-SIGKILL after --kill-grace. SIGTERM sent to ticketctl is passed on to the
-command (its pid only: a command that starts others should pass it on, e.g.
-with exec in sh -c), and so are SIGHUP, SIGINT and SIGQUIT, except while
+from then on), and still exits with the command's status; with
+--kill-on-expiry it also stops the command and every process it started
+(on Linux): SIGTERM, then SIGKILL after --kill-grace. When the command ends,
+ticketctl names the processes it left running: they no longer hold the
+lock. If ticketctl itself is killed with SIGKILL, nothing watches the lease.
+
+SIGTERM sent to ticketctl is passed on to the command (its pid only: a
+command that starts others should pass it on, e.g. with exec in sh -c), and
+so are SIGHUP, SIGINT and SIGQUIT, except while
 ticketctl is in the foreground of a terminal: the command is in ticketctl's
 process group, so the terminal's Ctrl-C (SIGINT), Ctrl-\ (SIGQUIT) and
 hangup (SIGHUP) reach it directly, and passing them on would deliver them
 twice. (Then 'kill -INT' to ticketctl's pid alone does not reach the command;
 SIGTERM does.) ticketctl stays until the command ends and then releases the
-lock. Before the command started these signals end the wait for the lock
-(exit 128+N). If the lock cannot be had, the command does not run.
+lock; a signal during that release ends it (exit 128+N: the lock ends
+with its lease). Before the command started these signals end the wait for
+the lock (exit 128+N); signals ignored when ticketctl started (nohup) stay
+ignored for the command. If the lock cannot be had, the command does not
+run.
 `, addr)
 	lease := c.fs.Duration("lease", 30*time.Second, "how long the lock lasts unless released (1ms resolution)")
 	wait := c.fs.Duration("wait", 10*time.Second, "how long to queue for the key if it is held; 0 gives up at once")
@@ -57,6 +65,9 @@ lock. Before the command started these signals end the wait for the lock
 	}
 	key := pos[0]
 	if code, ok := c.checkLeaseWait(*lease, *wait, stderr); !ok {
+		return code
+	}
+	if code, ok := c.checkKeyOwner(key, *owner, stderr); !ok {
 		return code
 	}
 
@@ -98,6 +109,7 @@ lock. Before the command started these signals end the wait for the lock
 	)
 	tty := openTTY()
 	defer tty.close()
+	becomeSubreaper()
 	if err := cmd.Start(); err != nil {
 		releaseAfter(cl, l, *c.addr, false, stderr)
 		fmt.Fprintf(stderr, "ticketctl: cannot run %s: %v\n", argv[0], err)
@@ -111,8 +123,12 @@ lock. Before the command started these signals end the wait for the lock
 
 	expiry := time.NewTimer(time.Until(l.Deadline))
 	defer expiry.Stop()
+	reap := time.NewTicker(time.Second)
+	defer reap.Stop()
 	var killc <-chan time.Time
+	var killAt time.Time
 	expired := false
+	pid := cmd.Process.Pid
 	for done := false; !done; {
 		select {
 		case <-waitc:
@@ -126,17 +142,48 @@ lock. Before the command started these signals end the wait for the lock
 			fmt.Fprintf(stderr, "ticketctl: the lease on %s (token %d) ended while the command was still running; someone else may hold the key now (use a longer --lease)\n",
 				key, l.Token)
 			if *kill {
-				fmt.Fprintf(stderr, "ticketctl: stopping the command (--kill-on-expiry): SIGTERM, then SIGKILL after %v\n", *grace)
+				fmt.Fprintf(stderr, "ticketctl: stopping the command and the processes it started (--kill-on-expiry): SIGTERM, then SIGKILL after %v\n", *grace)
 				cmd.Process.Signal(syscall.SIGTERM)
+				signalTree(syscall.SIGTERM, pid)
+				killAt = time.Now().Add(*grace)
 				killc = time.After(*grace)
 			}
 		case <-killc:
 			fmt.Fprintf(stderr, "ticketctl: the command outlived --kill-grace %v: SIGKILL\n", *grace)
 			cmd.Process.Kill()
+			signalTree(syscall.SIGKILL, pid)
 			killc = nil
+		case <-reap.C:
+			reapOrphans(pid)
 		}
 	}
-	releaseAfter(cl, l, *c.addr, expired, stderr)
+	if killc != nil {
+		// The command ended on SIGTERM; what it started gets the rest of
+		// the grace, and then SIGKILL.
+		for len(descendants()) > 0 && time.Now().Before(killAt) {
+			time.Sleep(20 * time.Millisecond)
+			reapOrphans(pid)
+		}
+		if len(descendants()) > 0 {
+			fmt.Fprintf(stderr, "ticketctl: processes the command started outlived --kill-grace %v: SIGKILL\n", *grace)
+			signalTree(syscall.SIGKILL, pid)
+		}
+	}
+	reapOrphans(pid)
+	if left := descendants(); len(left) > 0 {
+		fmt.Fprintf(stderr, "ticketctl: the command left %d processes running (pids %v); they do not hold the lock on %s any more\n",
+			len(left), left, key)
+	}
+	// A signal now (an impatient Ctrl-C, a supervisor's SIGTERM while
+	// ticketd does not answer) ends the release: the lock then ends with
+	// its lease.
+	ctx, stop := withSignals(context.Background(), sigc)
+	released := releaseAfterCtx(ctx, cl, l, *c.addr, expired, stderr)
+	if s := stop(); s != nil && !released {
+		fmt.Fprintf(stderr, "ticketctl: interrupted (%v) while releasing %s (token %d); it is freed when its lease ends, or with 'ticketctl release %s %d'\n",
+			s, key, l.Token, key, l.Token)
+		return exitSignal + signum(s)
+	}
 	return exitStatus(cmd.ProcessState)
 }
 
@@ -172,10 +219,19 @@ func passOn(s os.Signal, tty *ctty) bool {
 // releaseAfter gives l back after use (see release), and says on stderr if
 // that failed. expired: the lease ended during use, as the user was told.
 func releaseAfter(cl *client.Client, l client.Lock, addr string, expired bool, stderr io.Writer) {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout(addr))
+	_ = releaseAfterCtx(context.Background(), cl, l, addr, expired, stderr)
+}
+
+// releaseAfterCtx is releaseAfter within parent; it says nothing if parent
+// ends first (the caller does). It tells whether l was released.
+func releaseAfterCtx(parent context.Context, cl *client.Client, l client.Lock, addr string, expired bool, stderr io.Writer) bool {
+	ctx, cancel := context.WithTimeout(parent, releaseTimeout(addr))
 	defer cancel()
-	switch lost, err := release(ctx, cl, l); {
+	lost, err := release(ctx, cl, l)
+	switch {
 	case err == nil:
+		return true
+	case parent.Err() != nil:
 	case err == client.ErrNotHeld:
 		if !expired {
 			why := "its lease had ended, or ticketd restarted after a crash"
@@ -188,6 +244,7 @@ func releaseAfter(cl *client.Client, l client.Lock, addr string, expired bool, s
 		fmt.Fprintf(stderr, "ticketctl: could not release %s (token %d): %v; it is freed when its lease ends, or with 'ticketctl release %s %d'\n",
 			l.Key, l.Token, err, l.Key, l.Token)
 	}
+	return false
 }
 
 // exitStatus turns the command's end into ticketctl's exit code, as a shell does.
