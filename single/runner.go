@@ -242,6 +242,16 @@ func crashGrace(st state, now int64) int64 {
 	return min(st.LeaseCeil, satAdd(satAdd(now, st.MaxLease), leaseStep))
 }
 
+// maxLeaseEver is the longest --max-lease any version accepts.
+const maxLeaseEver = int64(720 * time.Hour)
+
+// untilCeil is how long from now a lease that ends by the lease ceiling
+// can still run, to record as the dir's longest lease: at most the longest
+// any run could grant, so that a ceiling written far ahead by a run whose
+// wall clock was (a host that booted fast) does not lift crashGrace's cap
+// for good.
+func untilCeil(ceil, now int64) int64 { return min(max(0, ceil-now), maxLeaseEver+leaseStep) }
+
 // RecoveryFloor is where tokens restart when a damaged data dir is
 // recovered without a readable ceiling: the wall clock in unix
 // nanoseconds. No earlier run can have reached it: tokens start at 1 when a
@@ -276,12 +286,19 @@ func (r *Runner) load(ld loaded, now int64) error {
 		// A snapshot that decoded whole names its leases' ends: the grace
 		// waits them out too, should --max-lease be shorter than they were.
 		if f, ok := r.snapshotFacts(ld.untrusted); ok {
-			st.LeaseCeil = max(st.LeaseCeil, satAdd(f.leaseEnd, leaseStep))
+			st.LeaseCeil = max(st.LeaseCeil, satAdd(f.leaseEnd, leaseStep), f.grace)
 		}
+		// The grace waits out the whole ceiling, and so must the grace of
+		// a crash that comes before it ends, which --max-lease bounds.
+		st.MaxLease = max(st.MaxLease, untilCeil(st.LeaseCeil, now))
 	case ld.snap != nil:
 		if ld.st.Shards != 0 && int(ld.st.Shards) != n {
 			f, ok := r.snapshotFacts(ld.snap)
-			if !ok || f.keys > 0 {
+			if !ok {
+				return fmt.Errorf("data dir %q holds a clean shutdown's table of %d shards; restart with --shards=%d (its table does not load to tell whether it holds keys)",
+					r.opt.DataDir, ld.st.Shards, ld.st.Shards)
+			}
+			if f.keys > 0 {
 				return fmt.Errorf("data dir %q holds a clean shutdown's table of %d shards with %d keys in it; restart with --shards=%d. "+
 					"--shards changes on a start after a clean shutdown that held no key (each released, or its lease ended and swept: "+
 					"--sweep-interval), or after a crash", r.opt.DataDir, ld.st.Shards, f.keys, ld.st.Shards)
@@ -379,7 +396,7 @@ func (r *Runner) load(ld loaded, now int64) error {
 		// leases it granted end by its lease ceiling, so none has longer
 		// than that to run. Recorded as this run's --max-lease alone, a
 		// shorter one, the next crash's grace would end before them.
-		st.MaxLease = max(0, ld.st.LeaseCeil-now)
+		st.MaxLease = untilCeil(ld.st.LeaseCeil, now)
 	}
 	st.MaxLease = max(st.MaxLease, int64(r.opt.MaxLease))
 	st.SeqSnaps = true

@@ -355,8 +355,8 @@ func clockPastUse(dir string, now, last int64, by string) error {
 		return nil
 	}
 	return fmt.Errorf("data dir %q was last used at %s (%s), after the wall clock's %s: a recovery now could give tokens again; "+
-		"set the clock right, then start again (if the clock is right, that time is wrong: set %s right)",
-		dir, time.Unix(0, last).UTC().Format(time.RFC3339Nano), by, time.Unix(0, now).UTC().Format(time.RFC3339Nano), by)
+		"set the clock right, then start again",
+		dir, time.Unix(0, last).UTC().Format(time.RFC3339Nano), by, time.Unix(0, now).UTC().Format(time.RFC3339Nano))
 }
 
 // setAside renames the damaged file name to name.damaged-<now> ("" if

@@ -689,12 +689,25 @@ func TestRecoveryWaitsOutTheSnapshotsLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
 	if r.Recovered == nil {
 		t.Fatal("not recovered")
 	}
-	if end := testStart + int64(600*time.Second); r.GraceUntil < end {
+	end := testStart + int64(600*time.Second)
+	if r.GraceUntil < end {
 		t.Errorf("recovered with grace until %v; the snapshot's lease runs until %v",
+			time.Unix(0, r.GraceUntil), time.Unix(0, end))
+	}
+	// And so does the grace of a crash right after, which the recorded
+	// --max-lease bounds.
+	_ = r.Close()
+	opt.RecoverDamaged = false
+	r, err = open(opt, env{clock: g.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.GraceUntil < end {
+		t.Errorf("a crash after the recovery: grace until %v; the snapshot's lease runs until %v",
 			time.Unix(0, r.GraceUntil), time.Unix(0, end))
 	}
 }
