@@ -18,6 +18,12 @@ import (
 // id as the token (after delay, for keys starting with "slow") and releases
 // every release.
 func tokenNode(t *testing.T, id int, delay time.Duration) func(nc net.Conn, r *bufio.Reader) {
+	return recordingNode(t, id, delay, nil)
+}
+
+// recordingNode is tokenNode that also sends each release it answers, as
+// "node <id>: R <token> <key>", to released (if not nil).
+func recordingNode(t *testing.T, id int, delay time.Duration, released chan<- string) func(nc net.Conn, r *bufio.Reader) {
 	return func(nc net.Conn, r *bufio.Reader) {
 		for f := readFields(t, r); f != nil; f = readFields(t, r) {
 			switch {
@@ -27,6 +33,9 @@ func tokenNode(t *testing.T, id int, delay time.Duration) func(nc net.Conn, r *b
 			case f[0] == "A":
 				fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
 			case f[0] == "R":
+				if released != nil {
+					released <- fmt.Sprintf("node %d: R %s %s", id, f[1], f[2])
+				}
 				fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
 			}
 		}
@@ -194,20 +203,7 @@ func TestCloseWhileGoingHomeSendsHeldReleases(t *testing.T) {
 	t.Cleanup(client.SetGoHome(20*time.Millisecond, 5*time.Second))
 	released := make(chan string, 4)
 	node := func(id int) func(nc net.Conn, r *bufio.Reader) {
-		return func(nc net.Conn, r *bufio.Reader) {
-			for f := readFields(t, r); f != nil; f = readFields(t, r) {
-				switch f[0] {
-				case "A":
-					if strings.HasPrefix(f[2], "slow") {
-						time.Sleep(600 * time.Millisecond)
-					}
-					fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
-				case "R":
-					released <- fmt.Sprintf("node %d: R %s %s", id, f[1], f[2])
-					fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
-				}
-			}
-		}
+		return recordingNode(t, id, 600*time.Millisecond, released)
 	}
 	home := downAddr(t)
 	other, _ := fakeServer(t, node(2))
@@ -258,17 +254,7 @@ func TestCloseAsAMoveHomeIsDecidedSendsHeldReleases(t *testing.T) {
 	t.Cleanup(client.SetGoHome(20*time.Millisecond, 5*time.Second))
 	released := make(chan string, 4)
 	node := func(id int) func(nc net.Conn, r *bufio.Reader) {
-		return func(nc net.Conn, r *bufio.Reader) {
-			for f := readFields(t, r); f != nil; f = readFields(t, r) {
-				switch f[0] {
-				case "A":
-					fmt.Fprintf(nc, "A %d %s %s\n", id, f[1], f[2])
-				case "R":
-					released <- fmt.Sprintf("node %d: R %s %s", id, f[1], f[2])
-					fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
-				}
-			}
-		}
+		return recordingNode(t, id, 600*time.Millisecond, released)
 	}
 	// Set before the client starts: its goroutines read it.
 	decided, resume := make(chan struct{}), make(chan struct{})
