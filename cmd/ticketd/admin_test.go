@@ -142,6 +142,16 @@ func TestHelperTicketd(t *testing.T) {
 	os.Exit(run(args, os.Stderr))
 }
 
+// helperCommand is a command that runs ticketd with args in this test
+// binary (TestHelperTicketd), under a descriptor limit of nofile.
+func helperCommand(nofile int, args ...string) *exec.Cmd {
+	a, _ := json.Marshal(args)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTicketd$")
+	cmd.Env = append(os.Environ(), "TICKETD_TEST_PROCESS=1",
+		"TICKETD_TEST_NOFILE="+strconv.Itoa(nofile), "TICKETD_TEST_ARGS="+string(a))
+	return cmd
+}
+
 // server is a ticketd process started by a test.
 type server struct {
 	cmd         *exec.Cmd
@@ -158,10 +168,7 @@ func startServer(t *testing.T, nofile int, extra ...string) *server {
 	}
 	args := append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
 		"--data-dir", t.TempDir(), "--log-format", "json"}, extra...)
-	a, _ := json.Marshal(args)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTicketd$")
-	cmd.Env = append(os.Environ(), "TICKETD_TEST_PROCESS=1",
-		"TICKETD_TEST_NOFILE="+strconv.Itoa(nofile), "TICKETD_TEST_ARGS="+string(a))
+	cmd := helperCommand(nofile, args...)
 	s := &server{cmd: cmd, log: &lockedBuffer{}, exited: make(chan struct{})}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

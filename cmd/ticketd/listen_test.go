@@ -2,13 +2,11 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,10 +16,7 @@ import (
 // and returns its exit code and output.
 func runTicketd(t *testing.T, nofile int, args ...string) (int, string) {
 	t.Helper()
-	a, _ := json.Marshal(args)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTicketd$")
-	cmd.Env = append(os.Environ(), "TICKETD_TEST_PROCESS=1",
-		"TICKETD_TEST_NOFILE="+strconv.Itoa(nofile), "TICKETD_TEST_ARGS="+string(a))
+	cmd := helperCommand(nofile, args...)
 	var out bytes.Buffer
 	cmd.Stderr = &out
 	err := cmd.Run()

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -44,9 +43,7 @@ func holdKeys(t *testing.T, addr string, n int) {
 // startHelperProcess starts ticketd with args, its output in log.
 func startHelperProcess(t *testing.T, log *lockedBuffer, args ...string) *exec.Cmd {
 	t.Helper()
-	a, _ := json.Marshal(args)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTicketd$")
-	cmd.Env = append(os.Environ(), "TICKETD_TEST_PROCESS=1", "TICKETD_TEST_NOFILE=4096", "TICKETD_TEST_ARGS="+string(a))
+	cmd := helperCommand(4096, args...)
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
