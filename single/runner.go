@@ -424,45 +424,54 @@ type snapFacts struct {
 // it does not load whole.
 func (r *Runner) snapshotFacts(b []byte) (snapFacts, bool) {
 	var f snapFacts
-	cnt, k := binary.Uvarint(b)
-	if k <= 0 || cnt > maxShards {
+	tables, rest, err := splitSnapshot(b)
+	if err != nil || len(rest) > 0 {
 		return f, false
 	}
-	b = b[k:]
-	for range cnt {
-		l, k := binary.Uvarint(b)
-		if k <= 0 || uint64(len(b)-k) < l {
-			return f, false
-		}
+	for _, tb := range tables {
 		t := shard.New(shard.Config{Keys: shard.NewBudget(0), Waiters: shard.NewBudget(0)})
-		if err := t.ReadSnapshot(bytesReader(b[k : k+int(l)])); err != nil {
+		if err := t.ReadSnapshot(bytesReader(tb)); err != nil {
 			return f, false
 		}
 		f.keys += t.Stats().Keys
 		f.leaseEnd = max(f.leaseEnd, t.MaxDeadline())
 		f.grace = max(f.grace, t.Grace())
-		b = b[k+int(l):]
 	}
-	return f, len(b) == 0
+	return f, true
 }
 
-// The snapshot blob: uvarint shard count, then per shard a uvarint length
-// and that shard's table snapshot.
-func (r *Runner) restore(b []byte) error {
+// splitSnapshot cuts the snapshot blob into its shards' tables, and what
+// follows them. The blob: uvarint shard count, then per shard a uvarint
+// length and that shard's table snapshot.
+func splitSnapshot(b []byte) (tables [][]byte, rest []byte, err error) {
 	cnt, k := binary.Uvarint(b)
-	if k <= 0 || int(cnt) != len(r.parts) {
-		return errors.New("bad shard count")
+	if k <= 0 || cnt > maxShards {
+		return nil, nil, errors.New("bad shard count")
 	}
 	b = b[k:]
-	for _, p := range r.parts {
+	for range cnt {
 		l, k := binary.Uvarint(b)
 		if k <= 0 || uint64(len(b)-k) < l {
-			return errors.New("truncated")
+			return nil, nil, errors.New("truncated")
 		}
-		if err := p.t.ReadSnapshot(bytesReader(b[k : k+int(l)])); err != nil {
+		tables = append(tables, b[k:k+int(l)])
+		b = b[k+int(l):]
+	}
+	return tables, b, nil
+}
+
+func (r *Runner) restore(b []byte) error {
+	tables, _, err := splitSnapshot(b)
+	if err == nil && len(tables) != len(r.parts) {
+		err = errors.New("bad shard count")
+	}
+	if err != nil {
+		return err
+	}
+	for i, p := range r.parts {
+		if err := p.t.ReadSnapshot(bytesReader(tables[i])); err != nil {
 			return err
 		}
-		b = b[k+int(l):]
 		r.Restored += p.t.Stats().Keys
 		r.TokenFloor = max(r.TokenFloor, p.t.LastToken())
 	}
