@@ -474,20 +474,7 @@ func (h *handler) send(c *Conn, gc gnet.Conn, out []byte) (a gnet.Action, ok boo
 // OnClose has run by now and found these grants already taken from the
 // mailbox (or never in it: the caller's own answers). Rare: a client that
 // reset its connection while its requests were carried out.
-func (h *handler) unwritten(out []byte) {
-	var a codec.Answer
-	for len(out) > 0 {
-		n, err := codec.ParseAnswer(out, &a)
-		if err != nil || n == 0 {
-			return
-		}
-		if a.Kind == 'A' {
-			h.s.cfg.Backend.Orphaned(a.Token, a.Key)
-			h.s.orphans.Add(1)
-		}
-		out = out[n:]
-	}
-}
+func (h *handler) unwritten(out []byte) { h.s.releaseGrants(out) }
 
 // parse reads frames from buf while the connection is within its limits and
 // hands them to the Backend in batches.

@@ -118,20 +118,32 @@ func (s *Server) writeAfterEOF(fd int, unsent []byte) {
 // line without its line end could take it for a grant. And buf's first
 // line is never released: gnet may have written its start before.
 func (s *Server) releaseUnsent(buf []byte, sent int) {
-	first := bytes.IndexByte(buf, '\n')
-	if first < 0 {
+	at := bytes.IndexByte(buf, '\n') + 1
+	if at == 0 {
 		return
 	}
+	for at < sent { // lines begun: kept
+		n := bytes.IndexByte(buf[at:], '\n')
+		if n < 0 {
+			return
+		}
+		at += n + 1
+	}
+	s.releaseGrants(buf[at:])
+}
+
+// releaseGrants releases every grant among buf, whole answer lines.
+func (s *Server) releaseGrants(buf []byte) {
 	var a codec.Answer
-	for at := first + 1; at < len(buf); {
-		n, err := codec.ParseAnswer(buf[at:], &a)
+	for len(buf) > 0 {
+		n, err := codec.ParseAnswer(buf, &a)
 		if err != nil || n == 0 {
 			return
 		}
-		if at >= sent && a.Kind == 'A' {
+		if a.Kind == 'A' {
 			s.cfg.Backend.Orphaned(a.Token, a.Key)
 			s.orphans.Add(1)
 		}
-		at += n
+		buf = buf[n:]
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -194,5 +195,30 @@ func TestAnswersAfterTheEndOfStreamOfAPausedClient(t *testing.T) {
 	}
 	if o := b.orphans(); len(o) != 0 {
 		t.Errorf("%d grants given back, all of which were delivered", len(o))
+	}
+}
+
+// releaseUnsent gives back the grants of whole lines not begun: never the
+// buffer's first line (gnet may have written its start), nor one written in
+// part, nor an answer other than a grant.
+func TestReleaseUnsentKeepsLinesBegun(t *testing.T) {
+	buf := []byte("A 1 o h0\nA 2 o h1\nR 9 h9\nA 3 o h2\nA 4 o h3\n")
+	second := bytes.Index(buf, []byte("A 2"))
+	for _, c := range []struct {
+		sent int
+		want []uint64
+	}{
+		{0, []uint64{2, 3, 4}},
+		{second, []uint64{2, 3, 4}},
+		{second + 1, []uint64{3, 4}},
+		{len(buf) - 1, nil},
+		{len(buf), nil},
+	} {
+		b := &tokenBackend{}
+		s := &Server{cfg: Config{Backend: b}}
+		s.releaseUnsent(buf, c.sent)
+		if got := b.orphans(); !slices.Equal(got, c.want) {
+			t.Errorf("sent %d: released %v, want %v", c.sent, got, c.want)
+		}
 	}
 }
