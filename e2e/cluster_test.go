@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -266,6 +268,43 @@ func TestClusterProtocol(t *testing.T) {
 		x.send("A x wd 30000 0")
 		// The next token of the shard: the withdrawn waiter was never granted.
 		x.expect(fmt.Sprintf("A %d x wd", tok+1))
+	})
+	t.Run("a client that ends its stream gets the answers that commit after", func(t *testing.T) {
+		// `nc -N`: requests, then the end of the client's stream, then
+		// reading to the end of the server's. The answers are known only
+		// once the requests commit, after the end has arrived.
+		const n = 300
+		h, x := c.dial(1).on(t), c.dial(2).on(t)
+		var lines []string
+		for i := range n {
+			lines = append(lines, acq("h", fmt.Sprintf("eof%d", i), 30000, 0))
+		}
+		lines = append(lines, "a bad frame")
+		h.send(lines...)
+		if err := h.c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		_ = h.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		all, err := io.ReadAll(h.r)
+		if err != nil {
+			t.Fatalf("reading to the end: %v after %q", err, clip(all))
+		}
+		got := strings.Split(strings.TrimSuffix(string(all), "\n"), "\n")
+		if len(got) != n+1 || !strings.HasPrefix(got[n], "E command") {
+			t.Fatalf("%d lines, want %d answers and the bad frame's E line: %q", len(got), n, clip(all))
+		}
+		// Shards answer in the order they commit; each key once.
+		keys := map[string]bool{}
+		for _, l := range got[:n] {
+			f := strings.Fields(l)
+			if len(f) != 4 || f[0] != "A" || f[2] != "h" || keys[f[3]] {
+				t.Fatalf("answer %q: want a grant to h of a key not answered before", l)
+			}
+			keys[f[3]] = true
+		}
+		// Delivered, so held: not given back as a grant nobody read.
+		x.send(acq("x", "eof0", 30000, 0), acq("x", fmt.Sprintf("eof%d", n-1), 30000, 0))
+		x.expect(timedOut("x", "eof0"), timedOut("x", fmt.Sprintf("eof%d", n-1)))
 	})
 	t.Run("bad input", func(t *testing.T) {
 		// The answer to the request before the bad line comes before the

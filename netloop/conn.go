@@ -53,6 +53,10 @@ type Conn struct {
 	keys   []byte
 	closed bool
 	failed bool // Fail posted its line: nothing is posted after it
+	// eof, once the client has ended its stream with answers still to
+	// come: posts wake the goroutine that writes them (writeAfterEOF)
+	// instead of the loop, which has let the connection go.
+	eof chan struct{}
 
 	late *lateSet // loop only: grants to renew before the next write (LateRenewer)
 }
@@ -174,8 +178,15 @@ func (c *Conn) post(b []byte, n int, grants []Grant, last bool) bool {
 		c.keys = append(c.keys, g.Key...)
 		c.grants = append(c.grants, grant{g.Token, len(c.keys), g.Since, g.Deadline})
 	}
+	eof := c.eof
 	c.mu.Unlock()
-	if wake {
+	switch {
+	case eof != nil:
+		select {
+		case eof <- struct{}{}:
+		default: // a wake is pending already
+		}
+	case wake:
 		_ = c.gc.Wake(nil)
 	}
 	return true
@@ -260,12 +271,25 @@ func (h *handler) OnClose(gc gnet.Conn, err error) gnet.Action {
 	}
 	s := h.s
 	// First, while the connection still counts as open (for Stop and
-	// --max-conns): what gnet had not written (unsent.go).
-	writing := false
-	if unsent := takeOutbound(gc); len(unsent) > 0 {
-		c.unsentTaken = true
-		writing = s.closedWithUnsent(gc, unsent, err)
+	// --max-conns): what gnet had not written, and what is still to come
+	// for a client that only ended its stream (unsent.go).
+	unsent := takeOutbound(gc)
+	c.unsentTaken = len(unsent) > 0
+	if s.afterEOF(c, gc, unsent, err) {
+		return gnet.None // the writer closes it
 	}
+	if len(unsent) > 0 {
+		s.releaseUnsentLater(unsent)
+	}
+	s.closeConn(c)
+	s.conns.Add(-1)
+	return gnet.None
+}
+
+// closeConn forgets a connection gone: its mailbox refuses posts from now
+// on, its queued acquires are withdrawn and the grants posted to it and
+// not written are given back. It still counts under --max-conns.
+func (s *Server) closeConn(c *Conn) {
 	c.mu.Lock()
 	c.closed = true
 	grants, keys := c.grants, c.keys
@@ -274,9 +298,6 @@ func (h *handler) OnClose(gc gnet.Conn, err error) gnet.Action {
 	c.dropLate()
 	s.reg.del(c.id)
 	s.parked.del(c)
-	if !writing { // else the writer counts it until it is done
-		s.conns.Add(-1)
-	}
 	if !c.told {
 		s.cfg.Backend.Closed(c)
 	}
@@ -286,7 +307,6 @@ func (h *handler) OnClose(gc gnet.Conn, err error) gnet.Action {
 		from = g.key
 	}
 	s.orphans.Add(int64(len(grants)))
-	return gnet.None
 }
 
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
@@ -342,7 +362,7 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	} else if last {
 		action = gnet.Close // Fail's line is the last thing the client reads
 	} else if len(buf) > 0 && !c.over(len(out)) {
-		out, consumed, action = h.parse(c, buf, out)
+		out, consumed, action = h.s.parse(c, buf, out, gc.OutboundBuffered())
 	}
 	// Before Discard, which may give buf back to a pool that every loop
 	// takes from.
@@ -476,10 +496,10 @@ func (h *handler) send(c *Conn, gc gnet.Conn, out []byte) (a gnet.Action, ok boo
 // reset its connection while its requests were carried out.
 func (h *handler) unwritten(out []byte) { h.s.releaseGrants(out) }
 
-// parse reads frames from buf while the connection is within its limits and
-// hands them to the Backend in batches.
-func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Action) {
-	s := h.s
+// parse reads frames from buf while the connection is within its limits
+// (unsent is its output not yet written) and hands them to the Backend in
+// batches.
+func (s *Server) parse(c *Conn, buf []byte, out []byte, unsent int) ([]byte, int, gnet.Action) {
 	rp := s.reqPool.Get().(*[]codec.Request)
 	reqs := (*rp)[:0]
 	defer func() { *rp = reqs[:0]; s.reqPool.Put(rp) }()
@@ -489,7 +509,7 @@ func (h *handler) parse(c *Conn, buf []byte, out []byte) ([]byte, int, gnet.Acti
 	// Nothing is written to the connection while parsing, so its unsent
 	// bytes stay as they are: the limits come down to counts.
 	maxIn, recounted := s.cfg.MaxInflight, false
-	maxOut := s.cfg.MaxOutbound - c.gc.OutboundBuffered()
+	maxOut := s.cfg.MaxOutbound - unsent
 	flush := func() bool {
 		if len(reqs) == 0 {
 			return false

@@ -27,7 +27,9 @@ import (
 // nothing left to write), and:
 //   - after the client's end of stream, writes it on a duplicate of the
 //     descriptor from a goroutine of its own, within lingerFor, as linger
-//     does for a connection closed with an E line;
+//     does for a connection closed with an E line, followed by the answers
+//     still to come for requests read before the end (cluster mode: their
+//     commits), which the closed connection would have refused;
 //   - otherwise, or for what that write did not get out, releases the
 //     grants whose lines were not written at all, as their connection is
 //     gone. A grant is never released that its client may have read.
@@ -66,61 +68,180 @@ func takeOutbound(gc gnet.Conn) []byte {
 	return out
 }
 
-// closedWithUnsent handles a connection's output that gnet had not written
-// at its close (see above), off the event loop: releasing tens of thousands
-// of grants took it from every other connection for a quarter of a second.
-// err is the close's cause, as OnClose got it. It tells whether a writer
-// took the connection over, which then counts under --max-conns until it is
-// done. Stop waits for both (lingerAll).
-func (s *Server) closedWithUnsent(gc gnet.Conn, unsent []byte, err error) bool {
+// releaseUnsentLater gives back, off the event loop, the grants in output
+// gnet had not written at a close that no writer takes over: releasing
+// tens of thousands of grants on the loop held every other connection for
+// a quarter of a second. Stop waits for it (lingerAll).
+func (s *Server) releaseUnsentLater(unsent []byte) {
 	s.unsentBusy.Add(1)
-	if errors.Is(err, io.EOF) {
-		if fd, derr := dupFD(gc.Fd()); derr == nil {
-			go s.writeAfterEOF(fd, unsent)
-			return true
-		}
-	}
 	go func() {
 		defer s.unsentBusy.Add(-1)
-		s.releaseUnsent(unsent, 0)
+		s.releaseUnsent(unsent, 0, true)
 	}()
-	return false
 }
 
-// writeAfterEOF writes unsent on fd, a duplicate of a connection's
-// descriptor whose client has ended its stream, then ends the server's
-// stream and waits for the client to close, all within lingerFor; then
-// releases the grants it did not start to write.
-func (s *Server) writeAfterEOF(fd int, unsent []byte) {
+// afterEOF hands a connection whose client has ended its stream to a
+// writer of its own (writeAfterEOF) if it is still owed answers: output
+// gnet had not written, answers posted and not yet taken, answers to
+// requests still being decided (cluster mode: requests read before the
+// end and not yet committed), or requests read and not yet parsed (left
+// at the connection's limits). The client reads until the server's
+// end, so closing at its end lost them, and the grants among them
+// reached nobody. It tells whether the writer took the connection over;
+// it then closes it, and counts it under --max-conns until done. Loop
+// only, in OnClose.
+func (s *Server) afterEOF(c *Conn, gc gnet.Conn, unsent []byte, err error) bool {
+	if !errors.Is(err, io.EOF) {
+		return false
+	}
+	in := unparsed(c, gc)
+	if len(unsent) == 0 && len(in) == 0 && !s.owes(c) {
+		return false
+	}
+	fd, derr := dupFD(gc.Fd())
+	if derr != nil {
+		return false
+	}
+	// The timeout sweep and the parked loop leave it alone from now on.
+	c.quietFrom.Store(0)
+	c.partialFrom.Store(0)
+	s.parked.del(c)
+	c.mu.Lock()
+	c.eof = make(chan struct{}, 1)
+	c.mu.Unlock()
+	s.unsentBusy.Add(1)
+	go s.writeAfterEOF(c, fd, unsent, in)
+	return true
+}
+
+// unparsed copies the whole request lines among what was read from gc and
+// not parsed, if they are still to be carried out. Loop only, in OnClose.
+func unparsed(c *Conn, gc gnet.Conn) []byte {
+	if c.end != nil || c.told || gc.InboundBuffered() == 0 {
+		return nil // a bad frame or the server's close: nothing more is carried out
+	}
+	in, _ := gc.Peek(-1)
+	return bytes.Clone(in[:bytes.LastIndexByte(in, '\n')+1])
+}
+
+// owes tells whether anything is still to be written to c: what awaits
+// tells, or a bad frame's E line that waits for those answers. Loop only,
+// or c's writer after EOF.
+func (s *Server) owes(c *Conn) bool {
+	return c.end != nil && c.end.err != nil || s.awaits(c)
+}
+
+// awaits tells whether answers are still to come for c: posted and not
+// taken, or for requests handed to the Backend, other than queued
+// acquires (the close withdraws those).
+func (s *Server) awaits(c *Conn) bool {
+	c.mu.Lock()
+	mail := len(c.mail) > 0
+	c.mu.Unlock()
+	switch {
+	case mail:
+		return true
+	case c.told: // lingering: its mailbox is sealed
+		return false
+	}
+	return c.inflight > 0 && c.inflight-s.cfg.Backend.Queued(c) > 0
+}
+
+// writeAfterEOF writes, on fd, a duplicate of the descriptor of c, whose
+// client has ended its stream, what c is owed (see afterEOF), starting with
+// out, gnet's unsent output, and carrying out the requests in in as its
+// limits allow; then closes c's mailbox, ends the server's stream and
+// waits for the client to close, all within lingerFor. The grants it did
+// not start to write are given back.
+func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte) {
 	defer s.unsentBusy.Add(-1)
 	defer s.conns.Add(-1)
-	written := 0
+	deadline := time.Now().Add(lingerFor)
+	timer := time.NewTimer(lingerFor)
+	defer timer.Stop()
 	f := os.NewFile(uintptr(fd), "")
 	nc, err := net.FileConn(f) // a descriptor of its own, on Go's poller
 	_ = f.Close()
 	if err == nil {
-		_ = nc.SetDeadline(time.Now().Add(lingerFor))
-		written, err = nc.Write(unsent)
-		if tc, ok := nc.(*net.TCPConn); ok && err == nil {
-			// The client sends no more; read what it sent before its
-			// end (unread, it would reset the connection at close).
-			_ = tc.CloseWrite()
-			_, _ = io.Copy(io.Discard, tc)
-		}
-		_ = nc.Close()
+		_ = nc.SetDeadline(deadline)
 	}
-	s.releaseUnsent(unsent, written)
+	begun, written := len(out) > 0, 0 // gnet may have begun its output's first line
+	for err == nil {
+		var last bool
+		out, last = c.takeMail(out)
+		parsed := 0
+		if !last && c.end == nil && len(in) > 0 {
+			// Parsing blocks on nothing: the write below is what holds
+			// back a client that does not read.
+			var a gnet.Action
+			out, parsed, a = s.parse(c, in, out, 0)
+			in = in[parsed:]
+			if a == gnet.Close {
+				in = nil // nothing after a bad frame is carried out
+				last = c.end == nil
+			}
+			s.parked.del(c) // a bad frame's wait is this loop's
+		}
+		if e := c.end; e != nil && e.err != nil && (last || !s.awaits(c) || !time.Now().Before(deadline)) {
+			// The answers before the bad frame are in: its E line ends
+			// the stream, as on the loop.
+			if !last {
+				out = codec.AppendError(c.seal(out), e.err)
+			}
+			c.end, last = nil, true
+		}
+		if c.late != nil && !c.renewLate() {
+			err = errBackendFailed
+			break
+		}
+		if len(out) > 0 {
+			if written, err = nc.Write(out); err != nil {
+				break
+			}
+			out, begun, written = out[:0], false, 0
+		}
+		more := !last && c.end == nil && bytes.IndexByte(in, '\n') >= 0
+		if last || !more && !s.owes(c) || !time.Now().Before(deadline) {
+			break
+		}
+		if more && parsed > 0 {
+			continue // stopped at the output's limit, now written
+		}
+		select { // for answers to come, and with them room to parse
+		case <-c.eof:
+		case <-timer.C:
+		}
+	}
+	if len(out) > 0 {
+		s.releaseUnsent(out, written, begun)
+	}
+	s.closeConn(c) // later posts are refused, their grants given back
+	if nc == nil {
+		return
+	}
+	if tc, ok := nc.(*net.TCPConn); ok && err == nil {
+		// The client sends no more; read what it sent before its end
+		// (unread, it would reset the connection at close).
+		_ = tc.CloseWrite()
+		_, _ = io.Copy(io.Discard, tc)
+	}
+	_ = nc.Close()
 }
 
-// releaseUnsent releases the grants among buf, a connection's unsent
-// output of which the first sent bytes were written, whose lines were not
-// written at all. One written in part is kept: a client that takes a last
-// line without its line end could take it for a grant. And buf's first
-// line is never released: gnet may have written its start before.
-func (s *Server) releaseUnsent(buf []byte, sent int) {
-	at := bytes.IndexByte(buf, '\n') + 1
-	if at == 0 {
-		return
+var errBackendFailed = errors.New("the Backend failed")
+
+// releaseUnsent releases the grants among buf, output of which the first
+// sent bytes were written, whose lines were not written at all. One
+// written in part is kept: a client that takes a last line without its
+// line end could take it for a grant. With begun, buf's first line is kept
+// too: gnet may have written its start before.
+func (s *Server) releaseUnsent(buf []byte, sent int, begun bool) {
+	at := 0
+	if begun {
+		at = bytes.IndexByte(buf, '\n') + 1
+		if at == 0 {
+			return
+		}
 	}
 	for at < sent { // lines begun: kept
 		n := bytes.IndexByte(buf[at:], '\n')

@@ -10,7 +10,9 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -149,12 +151,12 @@ func TestGrantsUnsentAtAResetAreGivenBack(t *testing.T) {
 }
 
 // A client paused for not reading its answers that then ends its stream
-// gets, once it reads, every answer the server decided, in order, then the
-// end of the server's stream: the end is read after the output drains.
+// gets, once it reads, the answer to every request it sent, in order, then
+// the end of the server's stream: the end is read after the output drains
 // (gnet, woken by the end alone, threw the output away, and the grants in
-// it stayed held.) Requests that the server had read but not yet parsed
-// when it met the end (parsing stops at the connection's limits) are not
-// carried out.
+// it stayed held), and the requests the server had read but not yet parsed
+// when it met the end (parsing stops at the connection's limits) are
+// carried out after it (they were dropped unanswered).
 func TestAnswersAfterTheEndOfStreamOfAPausedClient(t *testing.T) {
 	const n = 20000
 	b := &tokenBackend{}
@@ -187,38 +189,213 @@ func TestAnswersAfterTheEndOfStreamOfAPausedClient(t *testing.T) {
 			t.Fatalf("answer %d of %d: %q (%v), want %q", got+1, n, line, err, want)
 		}
 	}
-	if h := b.handled.Load(); int64(got) != h {
-		t.Errorf("%d answers read, %d requests carried out", got, h)
-	}
-	if got < n/2 {
-		t.Errorf("%d answers of %d: the answers decided before the end were lost", got, n)
+	if h := b.handled.Load(); int64(got) != h || got != n {
+		t.Errorf("%d answers read, %d requests carried out, of %d sent", got, h, n)
 	}
 	if o := b.orphans(); len(o) != 0 {
 		t.Errorf("%d grants given back, all of which were delivered", len(o))
 	}
 }
 
-// releaseUnsent gives back the grants of whole lines not begun: never the
-// buffer's first line (gnet may have written its start), nor one written in
-// part, nor an answer other than a grant.
+// releaseUnsent gives back the grants of whole lines not begun: never one
+// written in part, nor an answer other than a grant, nor, of gnet's output,
+// the first line (gnet may have written its start).
 func TestReleaseUnsentKeepsLinesBegun(t *testing.T) {
 	buf := []byte("A 1 o h0\nA 2 o h1\nR 9 h9\nA 3 o h2\nA 4 o h3\n")
 	second := bytes.Index(buf, []byte("A 2"))
 	for _, c := range []struct {
-		sent int
-		want []uint64
+		sent  int
+		begun bool
+		want  []uint64
 	}{
-		{0, []uint64{2, 3, 4}},
-		{second, []uint64{2, 3, 4}},
-		{second + 1, []uint64{3, 4}},
-		{len(buf) - 1, nil},
-		{len(buf), nil},
+		{0, true, []uint64{2, 3, 4}},
+		{0, false, []uint64{1, 2, 3, 4}},
+		{1, false, []uint64{2, 3, 4}},
+		{second, true, []uint64{2, 3, 4}},
+		{second, false, []uint64{2, 3, 4}},
+		{second + 1, true, []uint64{3, 4}},
+		{len(buf) - 1, true, nil},
+		{len(buf), false, nil},
 	} {
 		b := &tokenBackend{}
 		s := &Server{cfg: Config{Backend: b}}
-		s.releaseUnsent(buf, c.sent)
+		s.releaseUnsent(buf, c.sent, c.begun)
 		if got := b.orphans(); !slices.Equal(got, c.want) {
-			t.Errorf("sent %d: released %v, want %v", c.sent, got, c.want)
+			t.Errorf("sent %d, begun %v: released %v, want %v", c.sent, c.begun, got, c.want)
 		}
+	}
+}
+
+// commitBackend answers acquires later, in order, from a goroutine of its
+// own, as cluster mode answers once a request commits: lag after Handle,
+// it finds the connection by id, as the Outbox does, and posts the grants
+// there.
+type commitBackend struct {
+	tokenBackend
+	srv     atomic.Pointer[Server] // set once started; read on other goroutines
+	lag     time.Duration
+	batches chan commitBatch
+}
+
+type commitBatch struct {
+	at     time.Time
+	id     uint64
+	lines  []byte
+	grants []Grant
+}
+
+func newCommitBackend(lag time.Duration) *commitBackend {
+	b := &commitBackend{lag: lag, batches: make(chan commitBatch, 1024)}
+	go func() {
+		for x := range b.batches {
+			time.Sleep(time.Until(x.at))
+			if c := b.srv.Load().Conn(x.id); c == nil || !c.PostGrants(x.lines, len(x.grants), x.grants) {
+				for _, g := range x.grants {
+					b.Orphaned(g.Token, g.Key)
+				}
+			}
+		}
+	}()
+	return b
+}
+
+func (b *commitBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
+	x := commitBatch{at: time.Now().Add(b.lag), id: c.ID()}
+	for i := range reqs {
+		q := &reqs[i]
+		b.handled.Add(1)
+		n, _ := strconv.ParseUint(string(q.Key[1:]), 10, 64)
+		x.lines = codec.AppendAcquired(x.lines, n+1, q.Owner, q.Key)
+		x.grants = append(x.grants, Grant{Token: n + 1, Key: bytes.Clone(q.Key)})
+	}
+	b.batches <- x
+	return out, 0, false
+}
+
+// startCommitServer starts a server on a commitBackend.
+func startCommitServer(t *testing.T, lag time.Duration) (*Server, *commitBackend, string) {
+	b := newCommitBackend(lag)
+	s, addr := startServer(t, Config{Backend: b})
+	b.srv.Store(s)
+	t.Cleanup(func() { close(b.batches) })
+	return s, b, addr
+}
+
+// A client that ends its stream right after its requests gets the answers
+// decided after its end too (cluster mode: they commit later), then the
+// end of the server's stream; before, the connection was gone when they
+// came, and the client read nothing.
+func TestAnswersDecidedAfterTheClientsEndOfStream(t *testing.T) {
+	const n = 2000
+	s, b, addr := startCommitServer(t, 300*time.Millisecond)
+	c := dialSmall(t, addr)
+	if _, err := c.Write(acquires(n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	for i := range n {
+		line, err := r.ReadString('\n')
+		if want := fmt.Sprintf("A %d o h%d\n", i+1, i); line != want {
+			t.Fatalf("answer %d of %d: %q (%v), want %q", i+1, n, line, err, want)
+		}
+	}
+	if _, err := r.ReadByte(); err != io.EOF {
+		t.Fatalf("after the answers: %v, want the end of the stream", err)
+	}
+	if o := b.orphans(); len(o) != 0 {
+		t.Errorf("%d grants given back, all of which were delivered", len(o))
+	}
+	waitFor(t, func() bool { return s.Stats().Conns == 0 && s.unsentBusy.Load() == 0 })
+}
+
+// A bad frame after requests still being decided, then the client's end:
+// the answers, then the frame's E line, then the end of the stream.
+func TestErrorLineAfterAnswersDecidedAfterTheEndOfStream(t *testing.T) {
+	const n = 50
+	_, b, addr := startCommitServer(t, 300*time.Millisecond)
+	c := dialSmall(t, addr)
+	if _, err := c.Write(append(acquires(n), "X what\nA o h99 30000 0\n"...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	all, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading to the end: %v", err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(all), "\n"), "\n")
+	if len(lines) != n+1 {
+		t.Fatalf("%d lines, want %d answers and the E line: %q", len(lines), n, all)
+	}
+	for i := range n {
+		if want := fmt.Sprintf("A %d o h%d", i+1, i); lines[i] != want {
+			t.Fatalf("line %d: %q, want %q", i+1, lines[i], want)
+		}
+	}
+	if !strings.HasPrefix(lines[n], "E ") {
+		t.Fatalf("last line %q, want the bad frame's E line", lines[n])
+	}
+	if h := b.handled.Load(); h != n {
+		t.Errorf("%d requests carried out, want the %d before the bad frame", h, n)
+	}
+}
+
+// A client that ends its stream and then resets before its answers are
+// decided gets none; each grant decided for it is given back once, not
+// left held to the end of its lease.
+func TestGrantsDecidedAfterTheEndOfStreamOfAResetClientAreGivenBack(t *testing.T) {
+	const n = 500
+	s, b, addr := startCommitServer(t, 300*time.Millisecond)
+	c := dialSmall(t, addr)
+	if _, err := c.Write(acquires(n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return b.handled.Load() == n })
+	_ = c.SetLinger(0)
+	_ = c.Close()
+	waitFor(t, func() bool { return len(b.orphans()) >= n && s.Stats().Conns == 0 && s.unsentBusy.Load() == 0 })
+	time.Sleep(50 * time.Millisecond) // none given back twice
+	o := b.orphans()
+	slices.Sort(o)
+	if len(o) != n || o[0] != 1 || len(slices.Compact(o)) != n {
+		t.Fatalf("%d grants given back (%v...), want each of the %d once", len(o), o[:min(len(o), 5)], n)
+	}
+}
+
+// A client that sends its requests and ends its stream at once, then reads
+// late, gets an answer to every request: the server meets the end while
+// parsing is stopped at the connection's output limit, with requests read
+// and not parsed, which it carries out after the end (they were dropped).
+func TestRequestsReadButNotParsedAtTheEndOfStreamAreCarriedOut(t *testing.T) {
+	const n = 5000
+	b := &tokenBackend{}
+	_, addr := startServer(t, Config{Backend: b, SendBuffer: 8192, MaxOutbound: 4 << 10})
+	c := dialSmall(t, addr)
+	if _, err := c.Write(acquires(n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the server meets the end while paused on its output
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	for i := range n {
+		line, err := r.ReadString('\n')
+		if want := fmt.Sprintf("A %d o h%d\n", i+1, i); line != want {
+			t.Fatalf("answer %d of %d: %q (%v), want %q; %d carried out", i+1, n, line, err, want, b.handled.Load())
+		}
+	}
+	if _, err := r.ReadByte(); err != io.EOF {
+		t.Fatalf("after the answers: %v, want the end of the stream", err)
 	}
 }
