@@ -193,6 +193,9 @@ func (c *command) parseArgs(args []string, npos int, tail bool, stdout, stderr i
 			return nil, nil, usageError(stderr, c.name, err.Error()), false
 		}
 		left := c.fs.Args()
+		if msg := boolValueApart(c.fs, args, left); msg != "" {
+			return nil, nil, usageError(stderr, c.name, msg), false
+		}
 		if used := len(args) - len(left); used > 0 && args[used-1] == "--" {
 			if !tail {
 				return append(pos, left...), nil, 0, true
@@ -210,6 +213,31 @@ func (c *command) parseArgs(args []string, npos int, tail bool, stdout, stderr i
 		}
 		pos, args = append(pos, left[0]), left[1:]
 	}
+}
+
+// boolValueApart tells (a usage message) when a boolean flag was given its
+// value as the next argument, `--kill-on-expiry false`: Go's flags take
+// that value as the first argument that is not a flag, here the command
+// to run. left is what fs.Parse(args) left.
+func boolValueApart(fs *flag.FlagSet, args, left []string) string {
+	used := len(args) - len(left)
+	if used == 0 || len(left) == 0 {
+		return ""
+	}
+	if _, err := strconv.ParseBool(left[0]); err != nil {
+		return ""
+	}
+	prev := args[used-1]
+	name := strings.TrimLeft(prev, "-")
+	if name == prev || name == "" || strings.Contains(name, "=") {
+		return ""
+	}
+	if f := fs.Lookup(name); f != nil {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			return fmt.Sprintf("%s takes no separate value: write %s=%s", prev, prev, left[0])
+		}
+	}
+	return ""
 }
 
 // Timeouts. A node that is gone without a reset (its host down, a link cut)
@@ -471,8 +499,12 @@ func (c *command) checkKeyOwner(key, owner string, stderr io.Writer) (int, bool)
 func reportAcquire(stderr io.Writer, cl *client.Client, err error, addr, key string, wait, took time.Duration) int {
 	switch {
 	case err == client.ErrWaitEnded:
-		fmt.Fprintf(stderr, "ticketctl: ticketd at %s ended the wait for %s after %v of %v without granting it: it is shutting down or restarting. %s was not acquired and nothing is left queued; try again once ticketd is back\n",
-			addr, key, took.Round(10*time.Millisecond), wait, key)
+		who := "ticketd at " + addr
+		if addrCount(addr) > 1 {
+			who = "the ticketd node that had the wait (one of " + addr + ")"
+		}
+		fmt.Fprintf(stderr, "ticketctl: %s ended the wait for %s after %v of %v without granting it: it is shutting down or restarting. %s was not acquired and nothing is left queued; try again once ticketd is back\n",
+			who, key, took.Round(10*time.Millisecond), wait, key)
 		return exitEnded
 	case !errors.Is(err, client.ErrHeld):
 		return report(stderr, err, "acquire", addr, key)

@@ -308,6 +308,9 @@ func TestHelp(t *testing.T) {
 		{[]string{"--addr", "127.0.0.1:1", "run", "a b", "--", "true"}, `key "a b"`},
 		{[]string{"--addr", "127.0.0.1:1", "acquire", "k", "--owner", "x y"}, `--owner "x y"`},
 		{[]string{"--addr", "127.0.0.1:1", "acquire", "k", "--wait", "500us"}, "--wait 500µs"},
+		// Not the command `false`, which would run with the lock held.
+		{[]string{"--addr", "127.0.0.1:1", "run", "k", "--kill-on-expiry", "false", "--", "sh"}, "write --kill-on-expiry=false"},
+		{[]string{"--addr", "127.0.0.1:1", "run", "k", "--kill-on-expiry", "true"}, "write --kill-on-expiry=true"},
 	} {
 		r := runCtl(t, nil, c.args...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
