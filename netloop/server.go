@@ -186,8 +186,9 @@ type Server struct {
 	parked     parkedSet
 	stopOnce   sync.Once
 	done       chan struct{}
-	stopping   atomic.Bool  // Stop has begun: every connection lingers
-	unsentBusy atomic.Int64 // closed connections whose unsent output is being written or released (unsent.go)
+	cut        chan struct{} // closed when Stop stops waiting for the writers after EOF (unsent.go)
+	stopping   atomic.Bool   // Stop has begun: every connection lingers
+	unsentBusy atomic.Int64  // closed connections whose unsent output is being written or released (unsent.go)
 	acceptWG   sync.WaitGroup
 
 	enrollWarned atomic.Int64 // unix ns of the last failed enroll's warning
@@ -198,7 +199,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	s := &Server{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), cut: make(chan struct{})}
 	s.timeouts = cfg.IdleTimeout > 0 || cfg.FrameTimeout > 0
 	s.epoch = time.Now()
 	s.reg.init()
@@ -257,7 +258,8 @@ func (s *Server) StopAccepting() {
 
 // Stop closes the listener and every connection, after writing what their
 // mailboxes hold and letting each linger until its client has what it was
-// written (lingerFor at most). It waits at most until ctx ends.
+// written (lingerFor at most). It waits at most until ctx ends, then for
+// the grants that did not get out to be given back.
 func (s *Server) Stop(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
@@ -266,7 +268,14 @@ func (s *Server) Stop(ctx context.Context) error {
 		s.acceptWG.Wait()
 		s.drainMailboxes(ctx)
 		s.lingerAll(ctx)
+		// Writers after EOF still running give up now, their unwritten
+		// grants given back: after Stop returns, a release would come
+		// after single mode's snapshot, which would keep the grants.
+		close(s.cut)
 		err = s.cli.Stop()
+		for s.unsentBusy.Load() > 0 { // quick once cut: releases only
+			time.Sleep(time.Millisecond)
+		}
 	})
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -95,7 +96,10 @@ func (s *Server) afterEOF(c *Conn, gc gnet.Conn, unsent []byte, err error) bool 
 		return false
 	}
 	in := unparsed(c, gc)
-	if len(unsent) == 0 && len(in) == 0 && !s.owes(c) {
+	// A paused connection's socket was not read: what the client sent
+	// before its end may wait there still.
+	reading := c.paused && c.end == nil && !c.told
+	if len(unsent) == 0 && bytes.IndexByte(in, '\n') < 0 && !reading && !s.owes(c) {
 		return false
 	}
 	fd, derr := dupFD(gc.Fd())
@@ -110,18 +114,18 @@ func (s *Server) afterEOF(c *Conn, gc gnet.Conn, unsent []byte, err error) bool 
 	c.eof = make(chan struct{}, 1)
 	c.mu.Unlock()
 	s.unsentBusy.Add(1)
-	go s.writeAfterEOF(c, fd, unsent, in)
+	go s.writeAfterEOF(c, fd, unsent, in, reading)
 	return true
 }
 
-// unparsed copies the whole request lines among what was read from gc and
-// not parsed, if they are still to be carried out. Loop only, in OnClose.
+// unparsed copies what was read from gc and not parsed, if it is still to
+// be carried out. Loop only, in OnClose.
 func unparsed(c *Conn, gc gnet.Conn) []byte {
 	if c.end != nil || c.told || gc.InboundBuffered() == 0 {
 		return nil // a bad frame or the server's close: nothing more is carried out
 	}
 	in, _ := gc.Peek(-1)
-	return bytes.Clone(in[:bytes.LastIndexByte(in, '\n')+1])
+	return bytes.Clone(in) // a last line in part may go on in the socket
 }
 
 // owes tells whether anything is still to be written to c: what awaits
@@ -149,40 +153,51 @@ func (s *Server) awaits(c *Conn) bool {
 
 // writeAfterEOF writes, on fd, a duplicate of the descriptor of c, whose
 // client has ended its stream, what c is owed (see afterEOF), starting with
-// out, gnet's unsent output, and carrying out the requests in in as its
-// limits allow; then closes c's mailbox, ends the server's stream and
-// waits for the client to close, all within lingerFor. The grants it did
-// not start to write are given back.
-func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte) {
+// out, gnet's unsent output, and carrying out the requests in in, then,
+// if reading, those still in the socket, as c's limits allow; then closes
+// c's mailbox, ends the server's stream and waits for the client to
+// close, all within lingerFor (cut short by Stop). The grants it did not
+// start to write are given back.
+func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 	defer s.unsentBusy.Add(-1)
 	defer s.conns.Add(-1)
+	// Waiting and parsing end at deadline; the socket's own deadline
+	// comes lastWrite later, for what is decided then (a bad frame's E
+	// line) to be written.
 	deadline := time.Now().Add(lingerFor)
-	timer := time.NewTimer(lingerFor)
-	defer timer.Stop()
 	f := os.NewFile(uintptr(fd), "")
 	nc, err := net.FileConn(f) // a descriptor of its own, on Go's poller
 	_ = f.Close()
 	if err == nil {
-		_ = nc.SetDeadline(deadline)
+		_ = nc.SetDeadline(deadline.Add(lastWrite))
+		defer s.onCut(nc)()
 	}
+	// As the parked loop does on the event loop: a commit that leaves an
+	// acquire queued posts nothing, and only a look again sees it.
+	tick := time.NewTicker(parkedEvery)
+	defer tick.Stop()
 	begun, written := len(out) > 0, 0 // gnet may have begun its output's first line
 	for err == nil {
 		var last bool
 		out, last = c.takeMail(out)
+		live := time.Now().Before(deadline) && !s.isCut()
 		parsed := 0
-		if !last && c.end == nil && len(in) > 0 {
+		if !last && c.end == nil && live {
+			if reading && bytes.IndexByte(in, '\n') < 0 {
+				in, reading = readMore(nc, in)
+			}
 			// Parsing blocks on nothing: the write below is what holds
 			// back a client that does not read.
 			var a gnet.Action
 			out, parsed, a = s.parse(c, in, out, 0)
 			in = in[parsed:]
 			if a == gnet.Close {
-				in = nil // nothing after a bad frame is carried out
+				in, reading = nil, false // nothing after a bad frame is carried out
 				last = c.end == nil
 			}
 			s.parked.del(c) // a bad frame's wait is this loop's
 		}
-		if e := c.end; e != nil && e.err != nil && (last || !s.awaits(c) || !time.Now().Before(deadline)) {
+		if e := c.end; e != nil && e.err != nil && (last || !live || !s.awaits(c)) {
 			// The answers before the bad frame are in: its E line ends
 			// the stream, as on the loop.
 			if !last {
@@ -200,16 +215,17 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte) {
 			}
 			out, begun, written = out[:0], false, 0
 		}
-		more := !last && c.end == nil && bytes.IndexByte(in, '\n') >= 0
-		if last || !more && !s.owes(c) || !time.Now().Before(deadline) {
+		more := !last && c.end == nil && (reading || bytes.IndexByte(in, '\n') >= 0)
+		if last || !live || !more && !s.owes(c) {
 			break
 		}
-		if more && parsed > 0 {
+		if parsed > 0 {
 			continue // stopped at the output's limit, now written
 		}
 		select { // for answers to come, and with them room to parse
 		case <-c.eof:
-		case <-timer.C:
+		case <-tick.C:
+		case <-s.cut:
 		}
 	}
 	if len(out) > 0 {
@@ -229,6 +245,43 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte) {
 }
 
 var errBackendFailed = errors.New("the Backend failed")
+
+// lastWrite is how long a writer after EOF has for its last write once it
+// stops waiting for answers.
+const lastWrite = 250 * time.Millisecond
+
+// readMore appends to in what the client sent before its end and the
+// server had not read (a paused connection's socket is not read); false
+// once the end is read.
+func readMore(nc net.Conn, in []byte) ([]byte, bool) {
+	in = slices.Grow(in, 64<<10)
+	n, err := nc.Read(in[len(in):cap(in)])
+	return in[:len(in)+n], err == nil
+}
+
+// onCut makes nc's reads and writes fail at once when Stop cuts the
+// writers after EOF short; call what it returns when done with nc.
+func (s *Server) onCut(nc net.Conn) (done func()) {
+	end := make(chan struct{})
+	go func() {
+		select {
+		case <-s.cut:
+			_ = nc.SetDeadline(time.Now())
+		case <-end:
+		}
+	}()
+	return func() { close(end) }
+}
+
+// isCut tells whether Stop has cut the writers after EOF short.
+func (s *Server) isCut() bool {
+	select {
+	case <-s.cut:
+		return true
+	default:
+		return false
+	}
+}
 
 // releaseUnsent releases the grants among buf, output of which the first
 // sent bytes were written, whose lines were not written at all. One

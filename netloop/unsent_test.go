@@ -5,6 +5,7 @@ package netloop
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -274,8 +275,14 @@ func (b *commitBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byt
 
 // startCommitServer starts a server on a commitBackend.
 func startCommitServer(t *testing.T, lag time.Duration) (*Server, *commitBackend, string) {
+	return startCommitServerConfig(t, lag, Config{})
+}
+
+// startCommitServerConfig is startCommitServer with cfg (its Backend set).
+func startCommitServerConfig(t *testing.T, lag time.Duration, cfg Config) (*Server, *commitBackend, string) {
 	b := newCommitBackend(lag)
-	s, addr := startServer(t, Config{Backend: b})
+	cfg.Backend = b
+	s, addr := startServer(t, cfg)
 	b.srv.Store(s)
 	t.Cleanup(func() { close(b.batches) })
 	return s, b, addr
@@ -397,5 +404,130 @@ func TestRequestsReadButNotParsedAtTheEndOfStreamAreCarriedOut(t *testing.T) {
 	}
 	if _, err := r.ReadByte(); err != io.EOF {
 		t.Fatalf("after the answers: %v, want the end of the stream", err)
+	}
+}
+
+// queueBackend grants an acquire without a wait at once; one with a wait
+// is left queued, which it becomes some time after Handle, posting
+// nothing, as a cluster acquire that commits behind a holder.
+type queueBackend struct {
+	tokenBackend
+	queued atomic.Int64
+}
+
+func (b *queueBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
+	n := 0
+	for i := range reqs {
+		q := &reqs[i]
+		b.handled.Add(1)
+		if q.WaitMs > 0 {
+			time.AfterFunc(50*time.Millisecond, func() { b.queued.Add(1) })
+			continue
+		}
+		out = codec.AppendAcquired(out, 1, q.Owner, q.Key)
+		n++
+	}
+	return out, n, false
+}
+
+func (b *queueBackend) Queued(*Conn) int { return int(b.queued.Load()) }
+
+// halfClose writes req, ends the client's stream and reads to the
+// server's end; it returns what was read and how long that took.
+func halfClose(t *testing.T, addr, req string) (string, time.Duration) {
+	t.Helper()
+	c := dialSmall(t, addr)
+	start := time.Now()
+	if _, err := c.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * lingerFor))
+	all, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading to the end: %v after %q", err, all)
+	}
+	return string(all), time.Since(start)
+}
+
+// After the client's end, a request that commits into its key's queue
+// posts nothing: the writer still sees it (as the parked loop does on the
+// event loop), so the bad frame after it gets its E line and the stream
+// ends, rather than the writer sleeping to its bound and missing both.
+func TestErrorLineAfterAQueuedAcquireAndTheEndOfStream(t *testing.T) {
+	b := &queueBackend{}
+	_, addr := startServer(t, Config{Backend: b})
+	got, took := halfClose(t, addr, "A o q 30000 20000\nX what\n")
+	if !strings.HasPrefix(got, "E ") || strings.Count(got, "\n") != 1 {
+		t.Fatalf("read %q, want the bad frame's E line alone", got)
+	}
+	if took >= lingerFor {
+		t.Errorf("the stream ended after %v, the writer's bound: the queued acquire went unseen", took)
+	}
+}
+
+// Requests held back by the connection's in-flight limit when the client
+// ends its stream are carried out, and answered, once queued acquires
+// make room.
+func TestRequestsBehindQueuedAcquiresAfterTheEndOfStream(t *testing.T) {
+	b := &queueBackend{}
+	_, addr := startServer(t, Config{Backend: b, MaxInflight: 2})
+	got, _ := halfClose(t, addr, "A o q1 30000 20000\nA o q2 30000 20000\nA o h3 30000 0\n")
+	if got != "A 1 o h3\n" {
+		t.Fatalf("read %q, want the grant of h3", got)
+	}
+	if o := b.orphans(); len(o) != 0 {
+		t.Errorf("grants given back: %v", o)
+	}
+}
+
+// A connection paused at its in-flight limit is not read: the requests
+// its client sent before its end wait in the socket, and are carried out
+// and answered after it.
+func TestRequestsInTheSocketOfAPausedClientAfterTheEndOfStream(t *testing.T) {
+	const n = 5000
+	s, b, addr := startCommitServerConfig(t, time.Millisecond, Config{MaxInflight: 100})
+	got, _ := halfClose(t, addr, string(acquires(n)))
+	lines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")
+	if len(lines) != n {
+		t.Fatalf("%d answers of %d (%d carried out)", len(lines), n, b.handled.Load())
+	}
+	for i, l := range lines {
+		if want := fmt.Sprintf("A %d o h%d", i+1, i); l != want {
+			t.Fatalf("answer %d: %q, want %q", i+1, l, want)
+		}
+	}
+	waitFor(t, func() bool { return s.Stats().Conns == 0 })
+	if o := b.orphans(); len(o) != 0 {
+		t.Errorf("%d grants given back, all delivered", len(o))
+	}
+}
+
+// Stop that runs out of time while a writer after EOF waits for a client
+// that does not read returns only once that writer has given back the
+// grants it did not write: single mode writes its snapshot after Stop,
+// and one released after it would stay held across the restart.
+func TestStopCutsTheWritersAfterEOFShort(t *testing.T) {
+	const n = 20000
+	b := &tokenBackend{}
+	s, addr := startServer(t, Config{Backend: b, SendBuffer: 8192})
+	c := dialSmall(t, addr)
+	if _, err := c.Write(acquires(n)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return b.handled.Load() == n && s.unsentBusy.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_ = s.Stop(ctx)
+	if busy := s.unsentBusy.Load(); busy != 0 {
+		t.Fatalf("Stop returned with %d writers after EOF still running", busy)
+	}
+	if o := b.orphans(); len(o) == 0 || o[len(o)-1] != n {
+		t.Fatalf("given back by Stop's return: %d grants, the last %v; want the unwritten tail up to %d", len(o), o[max(0, len(o)-1):], n)
 	}
 }
