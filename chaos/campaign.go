@@ -225,6 +225,7 @@ func Run(cfg Config) (*Outcome, error) {
 	tg.close()
 	closed = true
 	out.Problems = nm.errs
+	out.Skipped = append(out.Skipped, nm.skipped...)
 	out.Elapsed = time.Since(out.Started)
 	return out, record(out, Check, logf)
 }
@@ -261,7 +262,11 @@ func checkConfig(mode string, h *History) CheckConfig {
 	for _, o := range h.Ops {
 		maxLease = max(maxLease, o.LeaseMs)
 	}
-	return CheckConfig{Mode: mode, MaxLease: int64(maxLease) * int64(time.Millisecond), Shards: campaignShards}
+	cfg := CheckConfig{Mode: mode, MaxLease: int64(maxLease) * int64(time.Millisecond), Shards: campaignShards}
+	if mode == "cluster" {
+		cfg.Skew = int64(clusterSkew)
+	}
+	return cfg
 }
 
 func counts(h *History) (ok, fail, unknown int) {

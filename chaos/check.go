@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -28,6 +29,10 @@ type CheckConfig struct {
 	// Stall bounds, per shard, the time outside faults with requests sent
 	// and no grant or release answered (0: DefaultStall).
 	Stall time.Duration
+	// Skew is the cluster's --max-clock-skew (ns): while node clocks are
+	// offset, the Go client's dating of waited grants is promised only
+	// within half of it (0: such grants are then not judged by that rule).
+	Skew int64
 }
 
 // Violation is one broken promise, with the operations that show it.
@@ -110,6 +115,7 @@ func Check(h *History, cfg CheckConfig) *CheckResult {
 	}
 	r.Keys = len(byKey)
 	crashes := crashWindows(h, cfg)
+	hd := newHolds(h, cfg)
 	checkOnce(h, r)
 	keys := make([]string, 0, len(byKey))
 	for k := range byKey {
@@ -121,12 +127,12 @@ func Check(h *History, cfg CheckConfig) *CheckResult {
 		grants := grantsOf(ops)
 		r.Grants += len(grants)
 		releases := releasesByToken(ops)
-		checkExclusion(k, grants, releases, r)
+		checkExclusion(k, grants, releases, hd, r)
 		checkTokens(k, grants, r)
 		checkDurability(k, grants, releases, crashes, cfg, r)
-		checkRegister(k, ops, grants, releases, r)
+		checkRegister(k, ops, grants, releases, hd, r)
 	}
-	checkLinearizable(h, byKey, keys, crashes, cfg, r)
+	checkLinearizable(h, byKey, keys, crashes, hd, cfg, r)
 	checkLiveness(h, r)
 	checkProgress(h, cfg, r)
 	slices.SortStableFunc(r.Violations, func(a, b Violation) int {
@@ -174,13 +180,89 @@ func releasesByToken(ops []*Op) map[uint64][]*Op {
 	return m
 }
 
+// clientMargin is how much earlier than the Go client's rule the checks
+// end a waited grant's lease. The rule dates the grant from the answer's
+// arrival less the connection's latest round trip; the server renews a
+// hand-over whose answer leaves late, so that its lease runs at least
+// until the answer left plus the lease (less 10µs in single mode; in a
+// cluster the answer leaves within half the skew of the lease's start,
+// and the lease ends a skew after its deadline). The worker reads both
+// clocks the client would, with errors in either direction: its round
+// trips count from before the write and to after the read of the answer
+// (longer than the network's: an earlier start, in the server's favour),
+// but this answer's arrival is read late by however long the worker's
+// reader waited for a core, and the server may be preempted between its
+// last clock reading and its write. Those delays are a few milliseconds
+// on a loaded machine (a correct server's takeovers came at most about
+// 3 ms inside the rule's end in campaign runs); unlike the send-dated
+// bounds, this one assumes that none reaches the margin. A late hand-over
+// that the server did not renew is caught once it is later than the
+// margin plus the round trip before it.
+const clientMargin = int64(50 * time.Millisecond)
+
+// holds dates the leases of grants that may have waited by the Go client's
+// rule (Op.Start), where the server promises it.
+type holds struct {
+	// pauses: a server stopped after it renewed a hand-over and before
+	// its answer left sends it late, with a lease that counts from before;
+	// no server can avoid that (nor a client: its rule assumes no stall),
+	// so a grant answered across a pause is not judged by the rule.
+	pauses []*Event
+	// clocks: the client's rule holds while node clocks differ by less
+	// than half the skew; the clock faults stay within the skew, so a
+	// lease that runs while one is under way loses the other half.
+	clocks []*Event
+	skew   int64
+}
+
+func newHolds(h *History, cfg CheckConfig) *holds {
+	hd := &holds{skew: cfg.Skew}
+	for _, e := range h.Events {
+		switch e.Kind {
+		case EvPause:
+			hd.pauses = append(hd.pauses, e)
+		case EvClock:
+			hd.clocks = append(hd.clocks, e)
+		}
+	}
+	return hd
+}
+
+// clientEnd is the time until which g, a grant to an acquire that could
+// wait, certainly held its key by the client's rule, less the margins;
+// 0 if the rule is not recorded or not promised for g.
+func (hd *holds) clientEnd(g *Op) int64 {
+	d := g.clientDeadline()
+	if d == 0 || g.Kind != 'A' || g.Result != ResGranted || g.WaitMs == 0 || g.Complete < 0 {
+		return 0
+	}
+	for _, e := range hd.pauses {
+		if e.Start < g.Complete && (e.End == 0 || e.End > g.Invoke) {
+			return 0
+		}
+	}
+	d -= clientMargin
+	for _, e := range hd.clocks {
+		if e.Start < d && (e.End == 0 || e.End > g.Invoke) {
+			if hd.skew <= 0 {
+				return 0
+			}
+			d -= hd.skew / 2
+			break
+		}
+	}
+	return d
+}
+
 // sureEnd is the end of the time in which g certainly held its key: its
 // lease cannot have ended before invoke+lease (the lease starts when the
-// server grants, which is after the invoke), and no release of its token can
-// have taken effect before that release was sent. A release answered N
-// changed nothing, so it does not end the interval.
-func sureEnd(g *Op, releases map[uint64][]*Op) int64 {
-	end := g.Invoke + int64(g.LeaseMs)*int64(time.Millisecond)
+// server grants, which is after the invoke), nor, for a grant that may
+// have waited, before the client's rule ends it (clientEnd), and no
+// release of its token can have taken effect before that release was
+// sent. A release answered N changed nothing, so it does not end the
+// interval.
+func sureEnd(g *Op, releases map[uint64][]*Op, hd *holds) int64 {
+	end := max(g.Invoke+int64(g.LeaseMs)*int64(time.Millisecond), hd.clientEnd(g))
 	for _, r := range releases[g.Token] {
 		if r.Result != ResNotReleased && r.Invoke < end {
 			end = r.Invoke
@@ -195,7 +277,11 @@ func sureEnd(g *Op, releases map[uint64][]*Op) int64 {
 // certain at no instant we can name, but it was granted at some instant
 // between its send and its answer: if that whole window lies inside another
 // grant's certain interval, the key was granted while held.
-func checkExclusion(key string, grants []*Op, releases map[uint64][]*Op, r *CheckResult) {
+//
+// With the client's rule a waited grant's certain interval runs on to
+// clientEnd: a hand-over answered late and not renewed ends before its
+// holder stops, and the next grant lands inside that interval.
+func checkExclusion(key string, grants []*Op, releases map[uint64][]*Op, hd *holds, r *CheckResult) {
 	type iv struct {
 		g          *Op
 		start, end int64
@@ -203,7 +289,7 @@ func checkExclusion(key string, grants []*Op, releases map[uint64][]*Op, r *Chec
 	var ivs []iv
 	var late []*Op
 	for _, g := range grants {
-		if e := sureEnd(g, releases); g.Complete < e {
+		if e := sureEnd(g, releases, hd); g.Complete < e {
 			ivs = append(ivs, iv{g, g.Complete, e})
 		} else {
 			late = append(late, g)
@@ -222,8 +308,8 @@ func checkExclusion(key string, grants []*Op, releases map[uint64][]*Op, r *Chec
 		for i--; i >= 0 && maxEnd[i] > g.Complete; i-- {
 			if o := ivs[i]; o.end > g.Complete {
 				r.Violations = append(r.Violations, Violation{Check: CheckExclusion, Key: key, At: g.Invoke,
-					What: fmt.Sprintf("two holders at once: token %d was certainly held from %s to %s, token %d was granted within it (sent %s, answered %s)",
-						o.g.Token, fmtT(o.start), fmtT(o.end), g.Token, fmtT(g.Invoke), fmtT(g.Complete)),
+					What: fmt.Sprintf("two holders at once: token %d was certainly held from %s to %s%s, token %d was granted within it (sent %s, answered %s)",
+						o.g.Token, fmtT(o.start), fmtT(o.end), hd.by(o.g, o.end), g.Token, fmtT(g.Invoke), fmtT(g.Complete)),
 					Ops: append([]*Op{o.g, g}, releases[o.g.Token]...)})
 			}
 		}
@@ -239,8 +325,8 @@ func checkExclusion(key string, grants []*Op, releases map[uint64][]*Op, r *Chec
 		open = keep
 		for _, o := range open {
 			r.Violations = append(r.Violations, Violation{Check: CheckExclusion, Key: key, At: cur.start,
-				What: fmt.Sprintf("two holders at once: token %d was certainly held from %s to %s, token %d was granted (answered) at %s",
-					o.g.Token, fmtT(o.start), fmtT(o.end), cur.g.Token, fmtT(cur.start)),
+				What: fmt.Sprintf("two holders at once: token %d was certainly held from %s to %s%s, token %d was granted (answered) at %s",
+					o.g.Token, fmtT(o.start), fmtT(o.end), hd.by(o.g, o.end), cur.g.Token, fmtT(cur.start)),
 				Ops: append([]*Op{o.g, cur.g}, releases[o.g.Token]...)})
 		}
 		open = append(open, cur)
@@ -329,12 +415,27 @@ func checkDurability(key string, grants []*Op, releases map[uint64][]*Op, crashe
 // checkRegister: each holder writes its token to the key's register, which
 // refuses tokens lower than the highest it accepted. A write made while its
 // holder certainly held the key must be accepted (a refusal means a holder
-// with a higher token wrote first: two holders), and an accepted write must
-// come from a holder whose lease could still run.
-func checkRegister(key string, ops []*Op, grants []*Op, releases map[uint64][]*Op, r *CheckResult) {
+// with a higher token wrote first: two holders), an accepted write must
+// come from a holder whose lease could still run, and no write of a higher
+// token (a holder granted later) may be accepted while a lower one was
+// certainly still held.
+func checkRegister(key string, ops []*Op, grants []*Op, releases map[uint64][]*Op, hd *holds, r *CheckResult) {
 	byID := map[int64]*Op{}
 	for _, g := range grants {
 		byID[g.ID] = g
+	}
+	// Grants by token, each with the latest certain end among it and the
+	// lower tokens. A grant holds from its grant, which comes before every
+	// grant of a higher token, so the interval's start needs no test.
+	byTok := slices.Clone(grants)
+	slices.SortFunc(byTok, func(a, b *Op) int { return cmp.Compare(a.Token, b.Token) })
+	ends := make([]int64, len(byTok))
+	latest := make([]int, len(byTok)) // index in byTok of the grant with ends[i]
+	for i, g := range byTok {
+		ends[i], latest[i] = sureEnd(g, releases, hd), i
+		if i > 0 && ends[i-1] > ends[i] {
+			ends[i], latest[i] = ends[i-1], latest[i-1]
+		}
 	}
 	for _, w := range ops {
 		if w.Kind != 'W' {
@@ -348,9 +449,9 @@ func checkRegister(key string, ops []*Op, grants []*Op, releases map[uint64][]*O
 		}
 		switch w.Result {
 		case ResRefused:
-			if w.Invoke >= g.Complete && w.Invoke < sureEnd(g, releases) {
+			if e := sureEnd(g, releases, hd); w.Invoke >= g.Complete && w.Invoke < e {
 				r.Violations = append(r.Violations, Violation{Check: CheckRegister, Key: key, At: w.Invoke,
-					What: fmt.Sprintf("write of token %d refused while its holder certainly held the key: a higher token had written", w.Token),
+					What: fmt.Sprintf("write of token %d refused while its holder certainly held the key (until %s%s): a higher token had written", w.Token, fmtT(e), hd.by(g, e)),
 					Ops:  []*Op{g, w}})
 			}
 		case ResAccepted:
@@ -358,6 +459,13 @@ func checkRegister(key string, ops []*Op, grants []*Op, releases map[uint64][]*O
 				r.Violations = append(r.Violations, Violation{Check: CheckRegister, Key: key, At: w.Invoke,
 					What: fmt.Sprintf("write of token %d accepted after its holder's lease had certainly ended", w.Token),
 					Ops:  []*Op{g, w}})
+			}
+			i, _ := slices.BinarySearchFunc(byTok, w.Token, func(o *Op, t uint64) int { return cmp.Compare(o.Token, t) })
+			if i > 0 && ends[i-1] > w.Invoke {
+				o := byTok[latest[i-1]]
+				r.Violations = append(r.Violations, Violation{Check: CheckRegister, Key: key, At: w.Invoke,
+					What: fmt.Sprintf("write of token %d accepted while token %d was certainly held (until %s%s): two holders", w.Token, o.Token, fmtT(ends[i-1]), hd.by(o, ends[i-1])),
+					Ops:  append([]*Op{o, g, w}, releases[o.Token]...)})
 			}
 		}
 	}
@@ -468,6 +576,14 @@ func checkProgress(h *History, cfg CheckConfig, r *CheckResult) {
 		}
 		check(last, nil)
 	}
+}
+
+// by says which rule gave a certain end: the client's, or send + lease.
+func (hd *holds) by(g *Op, end int64) string {
+	if c := hd.clientEnd(g); c == end && c > g.Invoke+int64(g.LeaseMs)*int64(time.Millisecond) {
+		return fmt.Sprintf(" by the client's rule: answered %s less a round trip of %.1fms, plus the lease, less %v", fmtT(g.Complete), float64(g.RTT)/1e6, time.Duration(g.clientDeadline()-c))
+	}
+	return ""
 }
 
 func cmp64(a, b int64) int {

@@ -20,6 +20,10 @@ type conn struct {
 	id, node int
 	h        *History
 	nc       net.Conn
+	// rtt is the latest round trip, as the Go client measures it (the
+	// handshake, then each answer to a release or a wait-0 acquire), in
+	// ns; the reader's alone once it runs.
+	rtt int64
 
 	wmu sync.Mutex // one writer at a time
 
@@ -37,11 +41,12 @@ type call struct {
 var errBroken = errors.New("connection broken")
 
 func dialConn(h *History, id, node int, addr string) (*conn, error) {
+	t0 := h.Now()
 	nc, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{id: id, node: node, h: h, nc: nc, pending: map[string]*call{}, done: make(chan struct{})}
+	c := &conn{id: id, node: node, h: h, nc: nc, rtt: h.Now() - t0, pending: map[string]*call{}, done: make(chan struct{})}
 	go c.read()
 	return c, nil
 }
@@ -187,7 +192,7 @@ func (c *conn) read() {
 		if a.Kind == 'A' {
 			tok = a.Token
 		}
-		c.h.Complete(cl.op, at, res, tok)
+		c.h.complete(cl.op, at, res, tok, &c.rtt)
 		close(cl.ch)
 	}
 }

@@ -57,6 +57,23 @@ type Op struct {
 	// the connection gone is released as undeliverable, so an unknown grant
 	// can end early only from about then (0: not recorded; any time).
 	LostAt int64 `json:"lost_at,omitempty"`
+	// For a grant to an acquire that could wait (wait_ms > 0), the Go
+	// client's dating of its lease: RTT is the connection's latest round
+	// trip when the answer came (the dial's handshake, or the latest answer
+	// to a release or a wait-0 acquire), Start the answer's arrival less
+	// RTT, not before the send (0: not recorded). The client holds the key
+	// until Start + lease_ms.
+	RTT   int64 `json:"rtt,omitempty"`
+	Start int64 `json:"start,omitempty"`
+}
+
+// clientDeadline is when the Go client's rule ends g's lease (0: no
+// client-rule start recorded).
+func (o *Op) clientDeadline() int64 {
+	if o.Start == 0 {
+		return 0
+	}
+	return o.Start + int64(o.LeaseMs)*int64(time.Millisecond)
 }
 
 // progressed tells whether o was answered with a grant or a release: what
@@ -75,6 +92,9 @@ func (o *Op) String() string {
 		s := fmt.Sprintf("#%d [%s..%s] w%d c%d n%d A %s %s lease=%d wait=%d -> %s", o.ID, fmtT(o.Invoke), c, o.Worker, o.Conn, o.Node, o.Owner, o.Key, o.LeaseMs, o.WaitMs, o.Result)
 		if o.Result == ResGranted {
 			s += fmt.Sprintf(" token=%d", o.Token)
+		}
+		if o.Start != 0 {
+			s += fmt.Sprintf(" rtt=%.1fms start=%s", float64(o.RTT)/1e6, fmtT(o.Start))
 		}
 		return s + o.lost()
 	case 'R':
@@ -120,12 +140,13 @@ func (e *Event) killed() int64 {
 
 // Event kinds. A crash is kill -9 through the restart that follows.
 const (
-	EvCrash     = "crash"     // kill -9, then restart on the same data dir
-	EvPause     = "pause"     // SIGSTOP ... SIGCONT
-	EvRestart   = "restart"   // SIGTERM, then restart (clean)
-	EvPartition = "partition" // network cut between node groups
-	EvClock     = "clock"     // a node's clock offset (or jump)
-	EvCrashAll  = "crash-all" // kill -9 of every node, then restart
+	EvCrash     = "crash"      // kill -9, then restart on the same data dir
+	EvPause     = "pause"      // SIGSTOP ... SIGCONT
+	EvRestart   = "restart"    // SIGTERM, then restart (clean)
+	EvPartition = "partition"  // network cut between node groups
+	EvClock     = "clock"      // a node's clock offset (or jump)
+	EvCrashAll  = "crash-all"  // kill -9 of every node, then restart
+	EvSlowFsync = "slow-fsync" // every fsync of a node held up (strace)
 )
 
 // Anomaly is something the recorder saw that the protocol rules out: an
@@ -171,10 +192,25 @@ func (h *History) Invoke(op *Op) *Op {
 
 // Complete records op's outcome at time at.
 func (h *History) Complete(op *Op, at int64, result string, token uint64) {
+	h.complete(op, at, result, token, nil)
+}
+
+// complete is Complete that also keeps a connection's round trip the way
+// the Go client does: an answer to a release or a wait-0 acquire sets *rtt
+// to its own round trip; a grant that may have waited is dated from its
+// arrival less *rtt, not before its send.
+func (h *History) complete(op *Op, at int64, result string, token uint64, rtt *int64) {
 	h.mu.Lock()
 	op.Complete, op.Result = at, result
 	if token != 0 {
 		op.Token = token
+	}
+	switch {
+	case rtt == nil:
+	case op.Kind == 'R' || op.WaitMs == 0:
+		*rtt = at - op.Invoke
+	case result == ResGranted:
+		op.RTT, op.Start = *rtt, max(op.Invoke, at-*rtt)
 	}
 	h.mu.Unlock()
 }

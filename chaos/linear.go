@@ -18,7 +18,8 @@ import (
 // and its own call (the state's now: a grant over a holder, or an N to an
 // expired one, took effect no earlier than that hold's end), and an
 // operation that returned before that cannot be placed there. A lease that started then or later cannot end before that plus the
-// lease, so a later grant is possible only if that has passed by the later
+// lease, nor a waited grant's before the Go client's rule ends it
+// (holds.clientEnd), so a later grant is possible only if that has passed by the later
 // operation's return; a holder counts as live for a T (single mode) only
 // while its answer's return plus lease has not passed by the T's earliest
 // instant. These bounds are loose in the system's favour, so the model
@@ -45,6 +46,7 @@ type lockState struct {
 	hRet       int64  // holder's acquire return (MaxInt64 for a ghost)
 	hLost      int64  // a ghost's Op.LostAt (0: not recorded)
 	lease      int64  // holder's lease, ns
+	hUntil     int64  // holder's hold cannot end before this (the client's rule; 0: none)
 	forgotten  bool   // single mode: the server lost this holder in a crash; its lease still binds
 	last       uint64 // largest token known granted
 	graceUntil int64  // single mode: after a crash, free keys may answer T until then
@@ -57,6 +59,7 @@ type lockIn struct {
 	lease     int64
 	call, ret int64
 	lost      int64 // Op.LostAt
+	until     int64 // a grant's hold cannot end before this (holds.clientEnd; 0: none)
 	op        *Op
 }
 
@@ -78,7 +81,7 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 	// lease's end; a ghost's also once its connection was gone and it was
 	// released as undeliverable (at any time, if that was not recorded).
 	ended := func(s lockState) int64 {
-		end := satAdd(s.hCall, s.lease)
+		end := max(satAdd(s.hCall, s.lease), s.hUntil)
 		if s.holder == ghost {
 			// Released as undeliverable, but never before it began: its
 			// hold, dated from the hold before it, cannot end that one's.
@@ -130,7 +133,7 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 				if tok == ghost {
 					n.hLost = in.lost
 				} else {
-					n.last = tok
+					n.last, n.hUntil = tok, in.until
 				}
 				return n
 			}
@@ -209,7 +212,7 @@ func registerModel() porcupine.Model {
 	}
 }
 
-func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashes []*Event, cfg CheckConfig, r *CheckResult) {
+func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashes []*Event, hd *holds, cfg CheckConfig, r *CheckResult) {
 	model := lockModel(cfg)
 	reg := registerModel()
 	var lockHist, regHist [][]porcupine.Operation
@@ -224,7 +227,8 @@ func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashe
 			switch o.Kind {
 			case 'A', 'R':
 				lh = append(lh, porcupine.Operation{ClientId: o.Worker, Call: o.Invoke, Return: ret,
-					Input:  lockIn{kind: o.Kind, token: o.Token, lease: int64(o.LeaseMs) * int64(time.Millisecond), call: o.Invoke, ret: ret, lost: o.LostAt, op: o},
+					Input: lockIn{kind: o.Kind, token: o.Token, lease: int64(o.LeaseMs) * int64(time.Millisecond), call: o.Invoke, ret: ret, lost: o.LostAt,
+						until: hd.clientEnd(o), op: o},
 					Output: lockOut{res: o.Result, token: o.Token}})
 			case 'W':
 				rh = append(rh, porcupine.Operation{ClientId: o.Worker, Call: o.Invoke, Return: o.Complete,

@@ -21,6 +21,10 @@ const (
 	NemPartLeader  = "partition-leader" // cluster: a shard leader cut off from the others
 	NemBridge      = "bridge"           // cluster: two nodes cut apart, the third sees both
 	NemClock       = "clock"            // cluster: node clocks offset within --max-clock-skew, then a jump
+	// NemSlowFsync holds up every fsync of the server (strace): a
+	// hand-over decided before a synced write is answered late, which the
+	// server must cover by renewing its lease (single mode: renewLate).
+	NemSlowFsync = "slow-fsync"
 	// NemClockUnsafe breaks the lease promise's precondition on purpose (a
 	// node 2s ahead, four times --max-clock-skew): only on request, to show
 	// that the campaign sees the double grants that follow.
@@ -29,10 +33,10 @@ const (
 
 // NemesesFor lists the nemeses that apply to a mode. Single mode has no
 // peers to cut apart, and no test clock (its leases run on the monotonic
-// clock within a run).
+// clock within a run). A slow fsync (single mode) needs strace.
 func NemesesFor(mode string, partitions bool) []string {
 	if mode == "single" {
-		return []string{NemCrash, NemPause, NemRestart}
+		return []string{NemCrash, NemPause, NemRestart, NemSlowFsync}
 	}
 	n := []string{NemCrashLeader, NemCrash, NemPauseLeader, NemPause, NemRestart, NemClock, NemCrashAll}
 	if partitions {
@@ -48,6 +52,7 @@ type nemesis struct {
 	// current describes the fault under way, for the progress line.
 	current func(string)
 	errs    []string
+	skipped []string // faults that could not be made here, and why
 }
 
 func (n *nemesis) dur(lo, hi time.Duration) time.Duration {
@@ -182,6 +187,23 @@ func (n *nemesis) run(name string) *Event {
 		if err := n.tg.net.heal(); err != nil {
 			n.fail("heal: %v", err)
 		}
+	case NemSlowFsync:
+		// Not a pause: the server runs, but each synced write takes
+		// delay, and everything it decided before one waits for it.
+		id := n.randomNode()
+		d, delay := n.dur(3*time.Second, 6*time.Second), n.dur(500*time.Millisecond, 2*time.Second)
+		ev.Kind, ev.Nodes = EvSlowFsync, []int{id}
+		say("every fsync of node %d takes %v more, for %v", id, delay.Round(time.Millisecond), d.Round(time.Millisecond))
+		stop, err := n.tg.slowFsync(id, delay)
+		if err != nil {
+			say("not made: %v", err)
+			if !contains(n.skipped, err.Error()) {
+				n.skipped = append(n.skipped, err.Error())
+			}
+			break
+		}
+		time.Sleep(d)
+		stop()
 	case NemClockUnsafe:
 		id, why := n.leader()
 		ev.Kind, ev.Nodes = EvClock, []int{id}

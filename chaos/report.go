@@ -463,6 +463,7 @@ func shade(p *plot.Plot, h *History, lo, hi float64) {
 	fill := map[string]color.NRGBA{
 		EvCrash: {255, 80, 80, 60}, EvCrashAll: {200, 0, 0, 70}, EvPause: {80, 80, 255, 50},
 		EvRestart: {120, 120, 120, 50}, EvPartition: {255, 170, 0, 60}, EvClock: {160, 0, 200, 40},
+		EvSlowFsync: {0, 160, 120, 50},
 	}
 	for _, e := range h.Events {
 		x0, x1 := float64(e.Start)/1e9, float64(e.End)/1e9

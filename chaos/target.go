@@ -207,6 +207,34 @@ func (t *target) resume(id int) error {
 	return syscall.Kill(n.proc.Pid(), syscall.SIGCONT)
 }
 
+// slowFsync makes every fsync of the node take delay more, through strace
+// (which stops the process only around its syscalls), until stop, which
+// detaches and waits for strace to exit. An error means no fault was made.
+func (t *target) slowFsync(id int, delay time.Duration) (stop func(), err error) {
+	if _, err := exec.LookPath("strace"); err != nil {
+		return nil, fmt.Errorf("nemesis %s skipped: no strace", NemSlowFsync)
+	}
+	n := t.node(id)
+	cmd := exec.Command("strace", "-f", "-p", strconv.Itoa(n.proc.Pid()), "-e", "trace=fsync",
+		"-e", fmt.Sprintf("inject=fsync:delay_enter=%d", delay.Microseconds()), "-o", os.DevNull)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p, err := serverproc.Start(cmd, func(line []byte) (string, bool) {
+		return "", strings.Contains(string(line), "attached")
+	})
+	if err == nil {
+		err = p.WaitReady(10 * time.Second)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nemesis %s skipped: strace could not attach: %v", NemSlowFsync, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the other threads' attach
+	return func() {
+		if err := p.Stop(5 * time.Second); err != nil {
+			t.log("strace: %v", err)
+		}
+	}, nil
+}
+
 // setClock writes the node's clock offset; the node reads it within 50 ms.
 func (t *target) setClock(id int, off time.Duration) error {
 	n := t.node(id)

@@ -27,9 +27,9 @@ type registers struct {
 	h   *History
 }
 
-// write offers g's token to the key's register if its lease certainly still
-// runs (deadline on the campaign clock); the write is one instant under the
-// register's lock.
+// write offers g's token to the key's register while its holder counts
+// its lease as running (deadline on the campaign clock); the write is one
+// instant under the register's lock.
 func (r *registers) write(worker int, g *Op, deadline int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -179,6 +179,11 @@ func (w *worker) sleep(lo, hi int) {
 
 func leaseDeadline(g *Op) int64 { return g.Invoke + int64(g.LeaseMs)*int64(time.Millisecond) }
 
+// holdUntil is when a holder that dates its lease as the Go client does
+// stops using it: the later of send + lease and, for a grant that may
+// have waited, the client's rule (Op.Start). The server promises both.
+func holdUntil(g *Op) int64 { return max(leaseDeadline(g), g.clientDeadline()) }
+
 func (w *worker) run() {
 	defer func() {
 		if w.c != nil {
@@ -198,9 +203,9 @@ func (w *worker) run() {
 				w.sleep(0, 30)
 				continue
 			}
-			w.reg.write(w.id, g, leaseDeadline(g))
+			w.reg.write(w.id, g, holdUntil(g))
 			w.sleep(0, 80)
-			w.reg.write(w.id, g, leaseDeadline(g))
+			w.reg.write(w.id, g, holdUntil(g))
 			switch p := w.rng.IntN(20); {
 			case p < 2: // let it expire
 			case p < 3: // release twice: the second must be N
@@ -220,16 +225,16 @@ func (w *worker) run() {
 			key := fmt.Sprintf("wait-%d", w.rng.IntN(2))
 			g := w.acquire(key, uint64(800+w.rng.IntN(1200)), uint64(50+w.rng.IntN(400)))
 			if g != nil && g.Result == ResGranted {
-				w.reg.write(w.id, g, leaseDeadline(g))
+				w.reg.write(w.id, g, holdUntil(g))
 				w.sleep(100, 500)
-				w.reg.write(w.id, g, leaseDeadline(g))
+				w.reg.write(w.id, g, holdUntil(g))
 				w.release(g)
 			}
 		case RoleExpirer:
 			key := fmt.Sprintf("exp-%d", w.rng.IntN(3))
 			g := w.acquire(key, uint64(100+w.rng.IntN(300)), uint64(w.rng.IntN(800)))
 			if g != nil && g.Result == ResGranted {
-				w.reg.write(w.id, g, leaseDeadline(g))
+				w.reg.write(w.id, g, holdUntil(g))
 				if w.rng.IntN(4) == 0 { // a release after the lease ended: R or N are both fine
 					w.sleep(int(g.LeaseMs)+50, int(g.LeaseMs)+400)
 					w.release(g)
