@@ -180,16 +180,30 @@ func (c *Conn) post(b []byte, n int, grants []Grant, last bool) bool {
 	}
 	eof := c.eof
 	c.mu.Unlock()
-	switch {
-	case eof != nil:
-		select {
-		case eof <- struct{}{}:
-		default: // a wake is pending already
-		}
-	case wake:
-		_ = c.gc.Wake(nil)
+	if wake {
+		c.wakeBy(eof)
 	}
 	return true
+}
+
+// wake has c looked at again: by its loop, or by its writer after EOF.
+func (c *Conn) wake() {
+	c.mu.Lock()
+	eof := c.eof
+	c.mu.Unlock()
+	c.wakeBy(eof)
+}
+
+// wakeBy is wake with c.eof as read under c.mu.
+func (c *Conn) wakeBy(eof chan struct{}) {
+	if eof == nil {
+		_ = c.gc.Wake(nil)
+		return
+	}
+	select {
+	case eof <- struct{}{}:
+	default: // a wake is pending already
+	}
 }
 
 // takeMail appends the mailbox to out and empties it; last tells that

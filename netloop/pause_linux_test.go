@@ -229,7 +229,9 @@ func TestPausedOnOutputGoesOnWhenDrained(t *testing.T) {
 // A connection paused on its in-flight limit, with nothing to write, is
 // not read; the client's close must still be seen, so that the backend
 // withdraws its queued acquires and releases what is granted to it, as
-// for any connection that goes away.
+// for any connection that goes away. A close reads as a half-close, whose
+// client may still read: the answers still to come for it are awaited up
+// to lingerFor (unsent.go), and here they never come.
 func TestPausedConnectionThatClosesIsClosed(t *testing.T) {
 	b := &fakeBackend{}
 	s, addr := startServer(t, Config{Backend: b, MaxInflight: 4})
@@ -242,5 +244,11 @@ func TestPausedConnectionThatClosesIsClosed(t *testing.T) {
 		t.Fatalf("the backend got %d requests, want the limit of 4", got)
 	}
 	_ = c.Close()
-	waitFor(t, func() bool { return b.closed.Load() == 1 })
+	deadline := time.Now().Add(lingerFor + 5*time.Second)
+	for b.closed.Load() != 1 || s.Stats().Conns != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the connection was not closed within %v of its client's close", lingerFor+5*time.Second)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

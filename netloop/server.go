@@ -296,7 +296,7 @@ func (s *Server) lingerAll(ctx context.Context) {
 			// The parked loop has stopped: look again, one wake in
 			// flight per connection (gnet's task queue has no bound).
 			if c.woken.CompareAndSwap(false, true) {
-				_ = c.gc.Wake(nil)
+				c.wake()
 			}
 		})
 		if open == 0 && s.unsentBusy.Load() == 0 || time.Now().After(end) {

@@ -173,13 +173,29 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 		defer s.onCut(nc)()
 	}
 	// As the parked loop does on the event loop: a commit that leaves an
-	// acquire queued posts nothing, and only a look again sees it.
-	tick := time.NewTicker(parkedEvery)
-	defer tick.Stop()
+	// acquire queued posts nothing, and only a look again sees it; less
+	// and less often while nothing comes (thousands of writers at once
+	// waiting on slow commits took more than a core, looking every 10 ms).
+	wait := time.Duration(parkedEvery)
+	look := time.NewTimer(wait)
+	defer look.Stop()
 	begun, written := len(out) > 0, 0 // gnet may have begun its output's first line
 	for err == nil {
 		var last bool
-		out, last = c.takeMail(out)
+		had := len(out)
+		if s.stopping.Load() && !c.told {
+			// As linger does at Stop: what was posted goes out, nothing
+			// more is read or taken, queued acquires are withdrawn.
+			c.told = true
+			s.cfg.Backend.Closed(c)
+			out, in, reading = c.seal(out), nil, false
+			if e := c.end; e != nil && e.err != nil {
+				out = codec.AppendError(out, e.err)
+			}
+			c.end, last = nil, true
+		} else {
+			out, last = c.takeMail(out)
+		}
 		live := time.Now().Before(deadline) && !s.isCut()
 		parsed := 0
 		if !last && c.end == nil && live {
@@ -195,8 +211,11 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 				in, reading = nil, false // nothing after a bad frame is carried out
 				last = c.end == nil
 			}
-			s.parked.del(c) // a bad frame's wait is this loop's
+			if c.end != nil {
+				s.parked.del(c) // a bad frame's wait is this loop's
+			}
 		}
+		came := len(out) > had || parsed > 0 // else look again later and later
 		if e := c.end; e != nil && e.err != nil && (last || !live || !s.awaits(c)) {
 			// The answers before the bad frame are in: its E line ends
 			// the stream, as on the loop.
@@ -222,9 +241,15 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 		if parsed > 0 {
 			continue // stopped at the output's limit, now written
 		}
+		if came {
+			wait = parkedEvery
+		} else {
+			wait = min(2*wait, parkedMax)
+		}
+		look.Reset(wait)
 		select { // for answers to come, and with them room to parse
 		case <-c.eof:
-		case <-tick.C:
+		case <-look.C:
 		case <-s.cut:
 		}
 	}

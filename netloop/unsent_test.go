@@ -531,3 +531,57 @@ func TestStopCutsTheWritersAfterEOFShort(t *testing.T) {
 		t.Fatalf("given back by Stop's return: %d grants, the last %v; want the unwritten tail up to %d", len(o), o[max(0, len(o)-1):], n)
 	}
 }
+
+// countingCommits is a commitBackend that counts the looks at its queues.
+type countingCommits struct {
+	*commitBackend
+	looks atomic.Int64
+}
+
+func (b *countingCommits) Queued(c *Conn) int { b.looks.Add(1); return b.commitBackend.Queued(c) }
+
+// A writer after EOF waiting for answers that are slow to come looks
+// again less and less often, as a paused connection is woken: looking
+// every 10 ms, thousands of them took more than a core.
+func TestAWriterAfterEOFLooksLessOftenWhileNothingComes(t *testing.T) {
+	cb := newCommitBackend(2 * time.Second)
+	b := &countingCommits{commitBackend: cb}
+	s, addr := startServer(t, Config{Backend: b})
+	cb.srv.Store(s)
+	t.Cleanup(func() { close(cb.batches) })
+	got, _ := halfClose(t, addr, "A o h7 30000 0\n")
+	if got != "A 8 o h7\n" {
+		t.Fatalf("read %q, want the grant of h7", got)
+	}
+	// Every 10 ms would be about 200 looks in the 2 s.
+	if n := b.looks.Load(); n > 40 {
+		t.Errorf("%d looks at the queues while waiting 2s for one answer", n)
+	}
+}
+
+// silentBackend carries out nothing and answers nothing, as cluster mode
+// once it has quiesced for a shutdown.
+type silentBackend struct{ fakeBackend }
+
+func (*silentBackend) Handle(_ *Conn, _ []codec.Request, out []byte) ([]byte, int, bool) {
+	return out, 0, false
+}
+
+// At Stop a writer after EOF does as a lingering connection does: it
+// waits no more for answers to requests that will not be carried out.
+func TestStopDoesNotWaitForAWriterAfterEOFsUnansweredRequests(t *testing.T) {
+	s, addr := startServer(t, Config{Backend: &silentBackend{}})
+	c := dialSmall(t, addr)
+	if _, err := c.Write([]byte("A o k 30000 0\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return s.unsentBusy.Load() == 1 })
+	start := time.Now()
+	_ = s.Stop(context.Background())
+	if took := time.Since(start); took >= lingerFor/2 {
+		t.Errorf("Stop took %v, waiting for answers that will not come", took)
+	}
+}
