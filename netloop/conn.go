@@ -20,27 +20,30 @@ type Conn struct {
 	// Loop-only state.
 	inflight int    // requests handed to the Backend and not yet answered
 	seq      uint64 // requests read so far
-	paused   bool
 	// While paused: how long until the parked loop wakes the connection
 	// again (doubling while its unsent output does not shrink), and that
 	// output at the last look. Loop only.
 	parkWait int64
 	parkOut  int
 	// unsentTaken: OnClose took output gnet had not written (unsent.go).
+	// The flags sit together, woken with them: a connection of 256 bytes
+	// is in a smaller allocation class than one a word larger, and idle
+	// connections are budgeted at 1 KiB each.
 	unsentTaken bool
-	shut        bool    // lingering: the write side is shut (linger)
-	told        bool    // the Backend was told the connection is gone (Closed)
-	epfd        int     // the loop's epoll descriptor, for pausing reads
-	held        int     // inbound bytes left unparsed by the last OnTraffic
-	marks       uint64  // the Backend's (Marks)
-	active      int64   // stamp of the last read, write or pending state
-	end         *ending // being closed by the server; nil: open
+	paused      bool
+	shut        bool        // lingering: the write side is shut (linger)
+	told        bool        // the Backend was told the connection is gone (Closed)
+	woken       atomic.Bool // Stop's wake not yet handled (lingerAll)
+	epfd        int         // the loop's epoll descriptor, for pausing reads
+	held        int         // inbound bytes left unparsed by the last OnTraffic
+	marks       uint64      // the Backend's (Marks)
+	active      int64       // stamp of the last read, write or pending state
+	end         *ending     // being closed by the server; nil: open
 
 	// Timeout stamps (see timeout.go): written by the loop, read by the
 	// sweep; 0 is none.
 	quietFrom   atomic.Int64
 	partialFrom atomic.Int64
-	woken       atomic.Bool  // Stop's wake not yet handled (lingerAll)
 	parkNext    atomic.Int64 // while parked: not woken by the parked loop before this (Server.now)
 
 	// Mailbox for answers decided on other goroutines. The grants among

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -363,5 +364,14 @@ func TestFailWritesOneLine(t *testing.T) {
 	}
 	if extra, err := r.ReadString('\n'); err == nil {
 		t.Fatalf("got %q after the E line, want the connection closed", extra)
+	}
+}
+
+// Idle connections are budgeted at 1 KiB of server memory each (the
+// bench's target), and a Conn is a good part of it: past 256 bytes it
+// moves to the next allocation class, 32 bytes more per connection.
+func TestConnFitsItsAllocationClass(t *testing.T) {
+	if n := unsafe.Sizeof(Conn{}); n > 256 {
+		t.Errorf("Conn is %d bytes, over 256: each connection allocates 288", n)
 	}
 }
