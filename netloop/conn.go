@@ -275,6 +275,7 @@ func (h *handler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	c := gc.Context().(*Conn)
 	c.gc = gc
 	c.epfd = loopPollFD(gc)
+	forgetAddrs(gc)
 	c.active = h.s.now()
 	c.quietFrom.Store(c.active) // a connection that never speaks is idle
 	h.s.reg.put(c)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -373,5 +374,43 @@ func TestFailWritesOneLine(t *testing.T) {
 func TestConnFitsItsAllocationClass(t *testing.T) {
 	if n := unsafe.Sizeof(Conn{}); n > 256 {
 		t.Errorf("Conn is %d bytes, over 256: each connection allocates 288", n)
+	}
+}
+
+// addrBackend records, on the loop, what gnet holds of a connection's
+// addresses when its first request is handled.
+type addrBackend struct {
+	fakeBackend
+	held atomic.Pointer[string] // "" once dropped
+}
+
+func (b *addrBackend) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
+	held := ""
+	if a := c.gc.LocalAddr(); a != nil {
+		held += " local " + a.String()
+	}
+	if a := c.gc.RemoteAddr(); a != nil {
+		held += " remote " + a.String()
+	}
+	if v := reflect.ValueOf(c.gc).Elem().FieldByName("remote"); !v.IsValid() || !v.IsNil() {
+		held += " socket address"
+	}
+	b.held.CompareAndSwap(nil, &held)
+	return b.fakeBackend.Handle(c, reqs, out)
+}
+
+// What gnet keeps of a connection's addresses is dropped at its open
+// (forgetAddrs): this fails, rather than the memory budget quietly, if
+// gnet's layout changes.
+func TestGnetsCopiesOfTheAddressesAreDropped(t *testing.T) {
+	b := &addrBackend{}
+	_, addr := startServer(t, Config{Backend: b})
+	c, r := dial(t, addr)
+	if _, err := c.Write([]byte("A o k 1000 0\n")); err != nil {
+		t.Fatal(err)
+	}
+	readLine(t, r)
+	if held := b.held.Load(); held == nil || *held != "" {
+		t.Errorf("gnet still holds:%v", *held)
 	}
 }
