@@ -68,6 +68,38 @@ func dialSmall(t *testing.T, addr string) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
+// endStream dials addr as dialSmall does, sends req and ends the client's
+// stream (shutdown(SHUT_WR), `nc -N`).
+func endStream(t *testing.T, addr string, req []byte) *net.TCPConn {
+	t.Helper()
+	c := dialSmall(t, addr)
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// expectGrantsThenEnd reads from c the grants of acquires(n), in order,
+// then the end of the server's stream; handled counts the requests the
+// backend carried out, for the failure message.
+func expectGrantsThenEnd(t *testing.T, c net.Conn, n int, handled *atomic.Int64) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	for i := range n {
+		line, err := r.ReadString('\n')
+		if want := fmt.Sprintf("A %d o h%d\n", i+1, i); line != want {
+			t.Fatalf("answer %d of %d: %q (%v), want %q; %d carried out", i+1, n, line, err, want, handled.Load())
+		}
+	}
+	if _, err := r.ReadByte(); err != io.EOF {
+		t.Fatalf("after the answers: %v, want the end of the stream", err)
+	}
+}
+
 func acquires(n int) []byte {
 	var b bytes.Buffer
 	for i := range n {
@@ -84,25 +116,9 @@ func TestAnswersAfterTheClientsEndOfStream(t *testing.T) {
 	const n = 5000
 	b := &tokenBackend{}
 	_, addr := startServer(t, Config{Backend: b, SendBuffer: 8192})
-	c := dialSmall(t, addr)
-	if _, err := c.Write(acquires(n)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
+	c := endStream(t, addr, acquires(n))
 	time.Sleep(500 * time.Millisecond) // the server reads the end while its answers wait
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	r := bufio.NewReader(c)
-	for i := range n {
-		line, err := r.ReadString('\n')
-		if want := fmt.Sprintf("A %d o h%d\n", i+1, i); line != want {
-			t.Fatalf("answer %d of %d: %q (%v), want %q", i+1, n, line, err, want)
-		}
-	}
-	if _, err := r.ReadByte(); err != io.EOF {
-		t.Fatalf("after the answers: %v, want the end of the stream", err)
-	}
+	expectGrantsThenEnd(t, c, n, &b.handled)
 	if o := b.orphans(); len(o) != 0 {
 		t.Errorf("%d grants given back, all of which were delivered", len(o))
 	}
@@ -295,24 +311,8 @@ func startCommitServerConfig(t *testing.T, lag time.Duration, cfg Config) (*Serv
 func TestAnswersDecidedAfterTheClientsEndOfStream(t *testing.T) {
 	const n = 2000
 	s, b, addr := startCommitServer(t, 300*time.Millisecond)
-	c := dialSmall(t, addr)
-	if _, err := c.Write(acquires(n)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	r := bufio.NewReader(c)
-	for i := range n {
-		line, err := r.ReadString('\n')
-		if want := fmt.Sprintf("A %d o h%d\n", i+1, i); line != want {
-			t.Fatalf("answer %d of %d: %q (%v), want %q", i+1, n, line, err, want)
-		}
-	}
-	if _, err := r.ReadByte(); err != io.EOF {
-		t.Fatalf("after the answers: %v, want the end of the stream", err)
-	}
+	c := endStream(t, addr, acquires(n))
+	expectGrantsThenEnd(t, c, n, &b.handled)
 	if o := b.orphans(); len(o) != 0 {
 		t.Errorf("%d grants given back, all of which were delivered", len(o))
 	}
@@ -324,13 +324,7 @@ func TestAnswersDecidedAfterTheClientsEndOfStream(t *testing.T) {
 func TestErrorLineAfterAnswersDecidedAfterTheEndOfStream(t *testing.T) {
 	const n = 50
 	_, b, addr := startCommitServer(t, 300*time.Millisecond)
-	c := dialSmall(t, addr)
-	if _, err := c.Write(append(acquires(n), "X what\nA o h99 30000 0\n"...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
+	c := endStream(t, addr, append(acquires(n), "X what\nA o h99 30000 0\n"...))
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	all, err := io.ReadAll(c)
 	if err != nil {
@@ -359,13 +353,7 @@ func TestErrorLineAfterAnswersDecidedAfterTheEndOfStream(t *testing.T) {
 func TestGrantsDecidedAfterTheEndOfStreamOfAResetClientAreGivenBack(t *testing.T) {
 	const n = 500
 	s, b, addr := startCommitServer(t, 300*time.Millisecond)
-	c := dialSmall(t, addr)
-	if _, err := c.Write(acquires(n)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
+	c := endStream(t, addr, acquires(n))
 	waitFor(t, func() bool { return b.handled.Load() == n })
 	_ = c.SetLinger(0)
 	_ = c.Close()
@@ -386,25 +374,9 @@ func TestRequestsReadButNotParsedAtTheEndOfStreamAreCarriedOut(t *testing.T) {
 	const n = 5000
 	b := &tokenBackend{}
 	_, addr := startServer(t, Config{Backend: b, SendBuffer: 8192, MaxOutbound: 4 << 10})
-	c := dialSmall(t, addr)
-	if _, err := c.Write(acquires(n)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
+	c := endStream(t, addr, acquires(n))
 	time.Sleep(500 * time.Millisecond) // the server meets the end while paused on its output
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	r := bufio.NewReader(c)
-	for i := range n {
-		line, err := r.ReadString('\n')
-		if want := fmt.Sprintf("A %d o h%d\n", i+1, i); line != want {
-			t.Fatalf("answer %d of %d: %q (%v), want %q; %d carried out", i+1, n, line, err, want, b.handled.Load())
-		}
-	}
-	if _, err := r.ReadByte(); err != io.EOF {
-		t.Fatalf("after the answers: %v, want the end of the stream", err)
-	}
+	expectGrantsThenEnd(t, c, n, &b.handled)
 }
 
 // queueBackend grants an acquire without a wait at once; one with a wait
@@ -436,14 +408,8 @@ func (b *queueBackend) Queued(*Conn) int { return int(b.queued.Load()) }
 // server's end; it returns what was read and how long that took.
 func halfClose(t *testing.T, addr, req string) (string, time.Duration) {
 	t.Helper()
-	c := dialSmall(t, addr)
 	start := time.Now()
-	if _, err := c.Write([]byte(req)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
+	c := endStream(t, addr, []byte(req))
 	_ = c.SetReadDeadline(time.Now().Add(2 * lingerFor))
 	all, err := io.ReadAll(c)
 	if err != nil {
@@ -513,13 +479,7 @@ func TestStopCutsTheWritersAfterEOFShort(t *testing.T) {
 	const n = 20000
 	b := &tokenBackend{}
 	s, addr := startServer(t, Config{Backend: b, SendBuffer: 8192})
-	c := dialSmall(t, addr)
-	if _, err := c.Write(acquires(n)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
+	endStream(t, addr, acquires(n))
 	waitFor(t, func() bool { return b.handled.Load() == n && s.unsentBusy.Load() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -571,13 +531,7 @@ func (*silentBackend) Handle(_ *Conn, _ []codec.Request, out []byte) ([]byte, in
 // waits no more for answers to requests that will not be carried out.
 func TestStopDoesNotWaitForAWriterAfterEOFsUnansweredRequests(t *testing.T) {
 	s, addr := startServer(t, Config{Backend: &silentBackend{}})
-	c := dialSmall(t, addr)
-	if _, err := c.Write([]byte("A o k 30000 0\n")); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
+	endStream(t, addr, []byte("A o k 30000 0\n"))
 	waitFor(t, func() bool { return s.unsentBusy.Load() == 1 })
 	start := time.Now()
 	_ = s.Stop(context.Background())
