@@ -521,3 +521,64 @@ func TestExtend(t *testing.T) {
 		t.Fatal("extended a token that does not hold the key")
 	}
 }
+
+// TestReleaseFindsItsGrantWhateverTheTokenRingHolds: a release is found by
+// its token among the latest grants, and by the key index otherwise; either
+// way only the grant it names is released.
+func TestReleaseFindsItsGrantWhateverTheTokenRingHolds(t *testing.T) {
+	tb := New(Config{})
+	first := acq(tb, 0, 1, 1, "old", 60_000, 0)[0].Token
+	// Enough later grants that the ring's slot of first holds another entry.
+	tokens := map[string]uint64{}
+	for i := range 3 * grantRing {
+		k := fmt.Sprintf("k%d", i)
+		tokens[k] = acq(tb, 0, 1, 1, k, 60_000, 0)[0].Token
+	}
+	if got := rel(tb, 0, "k0", first); got[0].Result != NotReleased {
+		t.Fatalf("release of k0 with the token of another key: %v", got)
+	}
+	last, prev := fmt.Sprintf("k%d", 3*grantRing-1), fmt.Sprintf("k%d", 3*grantRing-2)
+	if got := rel(tb, 0, prev, tokens[last]); got[0].Result != NotReleased {
+		t.Fatalf("release of %s with the token of %s, granted just after: %v", prev, last, got)
+	}
+	if got := rel(tb, 0, "old", first+grantRing); got[0].Result != NotReleased {
+		t.Fatalf("release of old with the token in the same ring slot: %v", got)
+	}
+	if got := rel(tb, 0, "old", first); got[0].Result != Released {
+		t.Fatalf("release of old, granted %d grants ago: %v", 3*grantRing, got)
+	}
+	// Freed entries are reused: a stale slot's entry may now hold another
+	// key under another token.
+	for k, tok := range tokens {
+		if got := rel(tb, 0, k, tok); got[0].Result != Released {
+			t.Fatalf("release of %s %d: %v", k, tok, got)
+		}
+	}
+	a := acq(tb, 0, 1, 1, "new", 60_000, 0)[0]
+	for k, tok := range tokens {
+		if got := rel(tb, 0, k, tok); got[0].Result != NotReleased {
+			t.Fatalf("second release of %s %d: %v", k, tok, got)
+		}
+	}
+	if got := rel(tb, 0, "new", a.Token); got[0].Result != Released {
+		t.Fatalf("release of new: %v", got)
+	}
+	// A snapshot loaded over the table: its grants are found by the index.
+	b := acq(tb, 0, 1, 1, "kept", 60_000, 0)[0]
+	var snap bytes.Buffer
+	if err := tb.WriteSnapshot(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if got := rel(tb, 0, "kept", b.Token); got[0].Result != Released {
+		t.Fatalf("release of kept before the load: %v", got)
+	}
+	if err := tb.ReadSnapshot(&snap); err != nil {
+		t.Fatal(err)
+	}
+	if got := rel(tb, 0, "kept", b.Token); got[0].Result != Released {
+		t.Fatalf("release of kept after the load: %v", got)
+	}
+	if got := rel(tb, 0, "kept", b.Token); got[0].Result != NotReleased {
+		t.Fatalf("second release of kept after the load: %v", got)
+	}
+}
