@@ -257,11 +257,21 @@ const (
 // own (a bad frame): what was posted until now goes out before the line,
 // and nothing is posted after it: both under one hold of c.mu, or a post
 // between them would be taken after the line. Loop only.
-func (c *Conn) seal(out []byte) []byte {
+func (c *Conn) seal(out []byte) (_ []byte, failed bool) {
 	c.mu.Lock()
-	out, _ = c.takeMailLocked(out)
+	out, failed = c.takeMailLocked(out)
 	c.failed = true
 	c.mu.Unlock()
+	return out, failed
+}
+
+// sealWith is seal with the bad frame's E line after the mail, unless the
+// mail held Fail's line: the client gets one E line, whichever came first.
+func (c *Conn) sealWith(out []byte, err *codec.Error) []byte {
+	out, failed := c.seal(out)
+	if !failed {
+		out = codec.AppendError(out, err)
+	}
 	return out
 }
 
@@ -372,7 +382,7 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		consumed = held
 		if last || c.inflight-s.cfg.Backend.Queued(c) <= 0 || s.now() >= e.at {
 			if !last {
-				out = codec.AppendError(c.seal(out), e.err)
+				out = c.sealWith(out, e.err)
 			}
 			c.end = nil // linger's now
 			action = gnet.Close
@@ -461,7 +471,7 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 		// What was posted until now goes out; nothing is taken after it,
 		// so no mailbox is left for Stop to wait on.
 		outp := s.outPool.Get().(*[]byte)
-		out := c.seal((*outp)[:0])
+		out, _ := c.seal((*outp)[:0])
 		a, ok := h.send(c, gc, out)
 		*outp = out[:0]
 		s.outPool.Put(outp)
@@ -567,7 +577,7 @@ func (s *Server) parse(c *Conn, buf []byte, out []byte, unsent int) ([]byte, int
 					s.parked.add(c)
 					break
 				}
-				out = codec.AppendError(c.seal(out), perr)
+				out = c.sealWith(out, perr)
 			}
 			action = gnet.Close
 			break

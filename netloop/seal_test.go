@@ -3,6 +3,7 @@ package netloop
 import (
 	"bufio"
 	"context"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -119,4 +120,45 @@ func TestPostDuringALingersSealIsNotLeftInTheMailbox(t *testing.T) {
 		return "trial " + strconv.Itoa(trial) + ": the lingering connection holds " + strconv.Itoa(left) +
 			" bytes of accepted mail, never to be written; drainMailboxes waited " + time.Since(start).Round(time.Millisecond).String()
 	})
+}
+
+// failDuringHandle grants every acquire at once; while it carries out a
+// batch holding key "f", another goroutine fails the connection with E
+// unavailable, as cluster mode's quorum check does.
+type failDuringHandle struct{ fakeBackend }
+
+func (b *failDuringHandle) Handle(c *Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
+	for i := range reqs {
+		q := &reqs[i]
+		if string(q.Key) == "f" {
+			done := make(chan struct{})
+			go func() { defer close(done); c.Fail([]byte("E unavailable quorum lost\n")) }()
+			<-done
+		}
+		out = codec.AppendAcquired(out, 1, q.Owner, q.Key)
+	}
+	return out, len(reqs), false
+}
+
+// A Fail posted while the batch before a bad frame is carried out is taken
+// by the bad frame's seal: the client reads one E line, Fail's, not the bad
+// frame's after it.
+func TestFailDuringABadFramesBatchWritesOneELine(t *testing.T) {
+	_, addr := startServer(t, Config{Backend: &failDuringHandle{}})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("A o f 30000 0\nX bad\n")); err != nil {
+		t.Fatal(err)
+	}
+	all, err := io.ReadAll(c)
+	if err != nil && !isReset(err) {
+		t.Fatalf("read: %v", err)
+	}
+	if got, want := string(all), "A 1 o f\nE unavailable quorum lost\n"; got != want {
+		t.Fatalf("read %q, want %q", got, want)
+	}
 }

@@ -188,9 +188,11 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 			// more is read or taken, queued acquires are withdrawn.
 			c.told = true
 			s.cfg.Backend.Closed(c)
-			out, in, reading = c.seal(out), nil, false
+			in, reading = nil, false
 			if e := c.end; e != nil && e.err != nil {
-				out = codec.AppendError(out, e.err)
+				out = c.sealWith(out, e.err)
+			} else {
+				out, _ = c.seal(out)
 			}
 			c.end, last = nil, true
 		} else {
@@ -220,7 +222,7 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 			// The answers before the bad frame are in: its E line ends
 			// the stream, as on the loop.
 			if !last {
-				out = codec.AppendError(c.seal(out), e.err)
+				out = c.sealWith(out, e.err)
 			}
 			c.end, last = nil, true
 		}
