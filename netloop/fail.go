@@ -12,6 +12,10 @@ package netloop
 // Backend.Orphaned instead (PostGrants refuses it).
 func (c *Conn) Fail(line []byte) {
 	if c.post(line, 0, nil, true) {
-		_ = c.gc.Wake(nil) // the mailbox may have held mail whose wake is still to come
+		// The mailbox may have held mail whose wake is still to come. After
+		// the client's end of stream the writer is woken, not the loop:
+		// gnet has let the connection go, and at Stop its poller may be
+		// closed, its descriptor number another file's.
+		c.wake()
 	}
 }
