@@ -73,7 +73,7 @@ func RunEtcdMutex(ctx context.Context, endpoints []string, l Load) (*Result, err
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(l.Seed, uint64(i)))
 			lat, acq := newHist(), newHist()
-			var lines, pairs int64
+			var lines, pairs, acquired int64
 			prefix := "/" + l.KeyPrefix
 			for !stopped.Load() && nanotime() < end && ctx.Err() == nil {
 				m := concurrency.NewMutex(sessions[i], prefix+strconv.Itoa(rng.IntN(l.Keys.Keys)))
@@ -95,10 +95,21 @@ func RunEtcdMutex(ctx context.Context, endpoints []string, l Load) (*Result, err
 					}
 					return
 				}
-				if t0 >= winStart && t2 < end {
-					record(lat, []int64{t1 - t0, t2 - t1})
+				// As the generator counts ticketd's and Redis's answers: by
+				// when they came for the counts, by when they were sent for
+				// the latencies.
+				in := func(t int64) bool { return t >= winStart && t < end }
+				if in(t0) {
+					record(lat, []int64{t1 - t0})
 					record(acq, []int64{t1 - t0})
-					lines += 2
+				}
+				if in(t1) {
+					record(lat, []int64{t2 - t1})
+					lines++
+					acquired++
+				}
+				if in(t2) {
+					lines++
 					pairs++
 				}
 			}
@@ -107,9 +118,9 @@ func RunEtcdMutex(ctx context.Context, endpoints []string, l Load) (*Result, err
 			res.Acquire.Merge(acq)
 			res.Lines += lines
 			res.Pairs += pairs
-			res.Acquired += pairs
+			res.Acquired += acquired
 			res.Released += pairs
-			res.GrantsPerConn[i] = pairs
+			res.GrantsPerConn[i] = acquired
 			mu.Unlock()
 		})
 	}
