@@ -48,7 +48,10 @@ type slot struct {
 	readerWakes atomic.Bool
 	pushed      atomic.Uint64 // requests pushed so far: how many of the woken callers replied
 
-	rtt atomic.Int64 // latest round trip of an answer that did not wait, ns
+	// rtt is the latest round trip of an answer that did not wait on the
+	// connection up, ns; 0 until one comes. Not the handshake's: a proxy
+	// or a sidecar answers that, nearer than the server.
+	rtt atomic.Int64
 
 	// lastRead is when the connection up last read anything (monoNow);
 	// silent is set when watch gave it up for that. answered: it matched
@@ -172,12 +175,10 @@ func (s *slot) dial(ctx context.Context) (net.Conn, error) {
 		}
 		var d net.Dialer
 		dctx, cancel := context.WithTimeout(ctx, timeout)
-		t0 := time.Now()
 		nc, err := d.DialContext(dctx, "tcp", addrs[j])
 		cancel()
 		if err == nil {
 			s.cur, s.addr = j, addrs[j]
-			s.rtt.Store(int64(time.Since(t0))) // a handshake is one round trip
 			return nc, nil
 		}
 		errs = append(errs, err)
@@ -263,6 +264,8 @@ func (s *slot) run(nc net.Conn) {
 func (s *slot) serve(nc net.Conn) {
 	s.ncMu.Lock()
 	s.nc, s.homing = nc, false
+	// Another connection's round trip may be another path's, nearer.
+	s.rtt.Store(0)
 	// Cleared with nc in place, so that Close's flush, which reads both
 	// under ncMu, never takes a connection still marked moving for one.
 	s.moving.Store(false)
@@ -992,12 +995,16 @@ func (s *slot) readLoop(nc net.Conn) error {
 					c.early = now.Sub(c.sent) < earlyBefore(c.waitMs)
 				}
 				if c.kind == 'R' || c.waitMs == 0 {
-					s.rtt.Store(int64(now.Sub(c.sent)))
+					s.rtt.Store(max(1, int64(now.Sub(c.sent)))) // 0 is unknown
+					c.start = c.sent
+				} else if rtt := s.rtt.Load(); rtt == 0 {
+					// A grant that may have waited, before this path's
+					// round trip is known: it happened after the send.
 					c.start = c.sent
 				} else {
 					// A grant that may have waited: it happened after the
 					// send and about a round trip before now.
-					c.start = now.Add(-time.Duration(s.rtt.Load()))
+					c.start = now.Add(-time.Duration(rtt))
 					if c.start.Before(c.sent) {
 						c.start = c.sent
 					}

@@ -298,3 +298,47 @@ func TestCloseAsAMoveHomeIsDecidedSendsHeldReleases(t *testing.T) {
 		t.Fatal("Close returned without sending the release held back for the move home: the lock stays held to its lease's end")
 	}
 }
+
+// A connection that goes home dates the grants of acquires that may have
+// waited from their send until an answer there measures its round trip:
+// the round trip of the node it left is another path's, maybe nearer. (The
+// home node here answers "slow" keys late, as a far node would.)
+func TestGoingHomeForgetsTheOtherNodesRoundTrip(t *testing.T) {
+	t.Cleanup(client.SetGoHome(20*time.Millisecond, time.Second))
+	const delay, lease = 100 * time.Millisecond, 10 * time.Second
+	home := downAddr(t)
+	other, _ := fakeServer(t, tokenNode(t, 2, 0))
+	cl := dial(t, home+","+other, client.WithConns(1))
+	ctx := testCtx(t)
+	// A request that does not wait measures the near node's round trip.
+	if l, err := cl.Acquire(ctx, "near", lease, 0); err != nil || l.Token != 2 {
+		t.Fatalf("Acquire with node 1 down: %+v, %v", l, err)
+	}
+	serveFake(t, listenOn(t, home), tokenNode(t, 1, delay))
+	// Acquires that may wait show the move and measure nothing.
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		l, err := cl.Acquire(ctx, "k"+strconv.Itoa(i), lease, time.Second)
+		if err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		if l.Token == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still on node 2 after 10s with node 1 back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	l, err := cl.Acquire(ctx, "slow", lease, time.Second)
+	answered := time.Now()
+	if err != nil || l.Token != 1 {
+		t.Fatalf("Acquire of slow at home: %+v, %v", l, err)
+	}
+	// Granted anywhere between the send and the answer, as the client
+	// knows: its Deadline counts from the send, at least delay before.
+	if latest := answered.Add(lease - delay/2); l.Deadline.After(latest) {
+		t.Fatalf("Deadline %v after the answer less %v plus the lease: dated by the other node's round trip",
+			l.Deadline.Sub(answered.Add(lease)), delay/2)
+	}
+}
