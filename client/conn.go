@@ -122,6 +122,21 @@ func newSlot(cl *Client, home int) *slot {
 	return s
 }
 
+// take empties the stack and returns what it held; nil if it was empty or
+// holds closedCall (the connection is down: its teardown set the mark, and
+// the mark, shared by every slot, is never taken for a call).
+func (s *slot) take() *call {
+	for {
+		h := s.head.Load()
+		if h == nil || h == closedCall {
+			return nil
+		}
+		if s.head.CompareAndSwap(h, nil) {
+			return h
+		}
+	}
+}
+
 // push queues c for the writer; false if the connection is down.
 func (s *slot) push(c *call) bool {
 	for {
@@ -788,7 +803,7 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 	// Once Close has begun only releases go out (closeFlush); the rest stays
 	// queued, and fails unsent in the teardown.
 	closing := s.cl.closed.Load()
-	h := s.head.Swap(nil)
+	h := s.take()
 	if h == nil {
 		return true
 	}
@@ -911,6 +926,12 @@ func (s *slot) closeFlush(deadline time.Time) {
 	}
 	_ = nc.SetWriteDeadline(deadline)
 	for time.Now().Before(deadline) {
+		s.ncMu.Lock()
+		gone := s.nc != nc
+		s.ncMu.Unlock()
+		if gone {
+			return // the teardown failed what was registered
+		}
 		s.wmu.Lock()
 		ok := s.w.flush(s, nc, nil)
 		s.wmu.Unlock()

@@ -223,3 +223,41 @@ func TestReleaseWithAnEndedContextIsSent(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Clients that close while their releases are unanswered, on connections
+// the server then drops (a node that dies, a server shutting down): Close's
+// flush stops with its connection, and never takes the mark that the
+// teardown puts on the queue, which every slot shares, for a call (a race,
+// caught under -race, between the clients' flushes writing it).
+func TestCloseFlushStopsWithItsConnection(t *testing.T) {
+	gotR := make(chan struct{}, 2)
+	drop := make(chan struct{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := serveFake(t, ln, func(nc net.Conn, r *bufio.Reader) {
+		if f := readFields(t, r); len(f) == 0 || f[0] != "R" {
+			return
+		}
+		gotR <- struct{}{}
+		<-drop // then close, the release unanswered
+	})
+	var cls []*client.Client
+	for range 2 {
+		cl := dial(t, addr, client.WithConns(1), client.WithDialTimeout(2*time.Second))
+		if err := cl.ReleaseNoWait(client.Lock{Key: "k", Token: 7, Deadline: time.Now().Add(time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+		cls = append(cls, cl)
+	}
+	<-gotR
+	<-gotR
+	var wg sync.WaitGroup
+	for _, cl := range cls {
+		wg.Go(func() { cl.Close() })
+	}
+	time.Sleep(50 * time.Millisecond) // both flushes wait for their answers
+	close(drop)
+	wg.Wait()
+}
