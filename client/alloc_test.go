@@ -10,8 +10,8 @@ import (
 	"github.com/ticketd/ticketd/client"
 )
 
-// An acquire and its release allocate nothing once the client is warm, nor
-// do AcquireFunc and ReleaseFunc with funcs made once: the calls come from
+// An acquire and its release allocate nothing once the client is warm (with
+// a generated owner or the caller's), nor do AcquireFunc and ReleaseFunc with funcs made once: the calls come from
 // a pool, the generated owner is written straight into the outgoing batch,
 // and Lock keeps it in parts. (Not under the race detector, which allocates
 // on its own.) The count is process-wide, so it covers the connection's
@@ -22,15 +22,20 @@ func TestClientAcquireReleaseAllocs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var failed error
+	acquire := func(key string) (client.Lock, error) { return cl.Acquire(ctx, key, 30*time.Second, 0) }
 	for _, tc := range []struct {
 		name, key string
+		acquire   func(key string) (client.Lock, error)
 		release   func(client.Lock) error
 	}{
-		{"Acquire+Release", "alloc-key", func(l client.Lock) error { return cl.Release(ctx, l) }},
-		{"Acquire+ReleaseNoWait", "alloc-key-2", cl.ReleaseNoWait},
+		{"Acquire+Release", "alloc-key", acquire, func(l client.Lock) error { return cl.Release(ctx, l) }},
+		{"Acquire+ReleaseNoWait", "alloc-key-2", acquire, cl.ReleaseNoWait},
+		{"AcquireAs+Release", "alloc-key-3", func(key string) (client.Lock, error) {
+			return cl.AcquireAs(ctx, "worker-7", key, 30*time.Second, 0)
+		}, func(l client.Lock) error { return cl.Release(ctx, l) }},
 	} {
 		cycle := func() {
-			l, err := cl.Acquire(ctx, tc.key, 30*time.Second, 0)
+			l, err := tc.acquire(tc.key)
 			if err == nil {
 				err = tc.release(l)
 			}

@@ -60,10 +60,10 @@ type slot struct {
 	silent   atomic.Bool
 	answered bool
 
-	mu    sync.Mutex       // guards the pending maps and held
-	acq   map[uint64]*call // acquires with generated owners, by sequence
-	named map[string]*call // AcquireAs, by owner + "\x00" + key
-	rel   map[uint64]*call // releases by token, chained through next in send order
+	mu    sync.Mutex         // guards the pending maps and held
+	acq   map[uint64]*call   // acquires with generated owners, by sequence
+	named map[namedKey]*call // AcquireAs
+	rel   map[uint64]*call   // releases by token, chained through next in send order
 
 	// held are releases to send again (see resend) that found no other
 	// connection up: the slot's next connection sends them, and heldTimer
@@ -103,6 +103,10 @@ type slot struct {
 	homePace redial.Home // run goroutine only, read by goHome while serve runs
 }
 
+// namedKey finds an AcquireAs call by its owner and key: a struct of the
+// call's own strings, so that registering it copies nothing.
+type namedKey struct{ owner, key string }
+
 // closedCall marks the stack of a slot whose connection is down.
 var closedCall = &call{}
 
@@ -111,7 +115,7 @@ func newSlot(cl *Client, home int) *slot {
 		cl:       cl,
 		wake:     make(chan struct{}, 1),
 		acq:      make(map[uint64]*call),
-		named:    make(map[string]*call),
+		named:    make(map[namedKey]*call),
 		rel:      make(map[uint64]*call),
 		home:     home,
 		failed:   -1,
@@ -777,7 +781,6 @@ type batchWriter struct {
 	kept    []*call // not sent at Close, queued again for the teardown to fail
 	owner   []byte
 	key     []byte
-	named   []byte
 }
 
 // flush writes rest, then takes every queued request, registers them in the
@@ -834,12 +837,11 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 			w.owner = strconv.AppendUint(w.owner, c.seq, 10)
 			out = codec.AppendAcquire(out, w.owner, w.key, c.leaseMs, c.waitMs)
 		default:
-			w.named = append(append(append(w.named[:0], c.owner...), 0), c.key...)
-			if s.named[string(w.named)] != nil {
+			if s.named[namedKey{c.owner, c.key}] != nil {
 				w.refused = append(w.refused, c)
 				continue
 			}
-			s.named[string(w.named)] = c
+			s.named[namedKey{c.owner, c.key}] = c
 			w.owner = append(w.owner[:0], c.owner...)
 			out = codec.AppendAcquire(out, w.owner, w.key, c.leaseMs, c.waitMs)
 		}
@@ -974,7 +976,6 @@ func (s *slot) readLoop(nc net.Conn) error {
 		start, end int
 		a          codec.Answer
 		batch      []*call
-		named      []byte
 	)
 	for {
 		n, rerr := nc.Read(buf[end:])
@@ -999,7 +1000,7 @@ func (s *slot) readLoop(nc net.Conn) error {
 					break
 				}
 				var c *call
-				c, named = s.match(&a, named)
+				c = s.match(&a)
 				if c == nil {
 					perr = &ProtocolError{Text: fmt.Sprintf("answer %q matches no request", bytes.TrimRight(buf[start-m:start], "\r\n"))}
 					break
@@ -1096,7 +1097,7 @@ func earlyBefore(waitMs uint64) time.Duration {
 
 // match finds and removes the pending call that answer a belongs to; nil if
 // none does. Called with s.mu held.
-func (s *slot) match(a *codec.Answer, scratch []byte) (*call, []byte) {
+func (s *slot) match(a *codec.Answer) *call {
 	switch a.Kind {
 	case 'R', 'N':
 		var prev *call
@@ -1113,25 +1114,25 @@ func (s *slot) match(a *codec.Answer, scratch []byte) (*call, []byte) {
 				delete(s.rel, a.Token)
 			}
 			c.next = nil
-			return c, scratch
+			return c
 		}
-		return nil, scratch
+		return nil
 	}
 	// A, T, B: a generated owner is the client id, a dot and the sequence.
 	if p := s.cl.idPrefix; len(a.Owner) > len(p) && string(a.Owner[:len(p)]) == p {
 		if seq, ok := parseSeq(a.Owner[len(p):]); ok {
 			if c := s.acq[seq]; c != nil && c.key == string(a.Key) {
 				delete(s.acq, seq)
-				return c, scratch
+				return c
 			}
 		}
 	}
-	scratch = append(append(append(scratch[:0], a.Owner...), 0), a.Key...)
-	if c := s.named[string(scratch)]; c != nil {
-		delete(s.named, string(scratch))
-		return c, scratch
+	// The conversions in the index make no copies; delete uses c's strings.
+	if c := s.named[namedKey{string(a.Owner), string(a.Key)}]; c != nil {
+		delete(s.named, namedKey{c.owner, c.key})
+		return c
 	}
-	return nil, scratch
+	return nil
 }
 
 // parseSeq parses the decimal sequence of a generated owner. A leading zero
