@@ -306,7 +306,7 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 //
 // If the connection breaks before the answer (a cluster node failed, or
 // answered E unavailable), the release is sent again on another connection,
-// or if none is up on the next one that comes up, while l.Deadline has not
+// or if none is up when its own connection is back, while l.Deadline has not
 // passed, so that a node's failure does not leave the lock held to the end
 // of its lease. A copy's N that arrives before l.Deadline means that the
 // first one released the key (or, in single mode, that a restart forgot the
@@ -361,7 +361,7 @@ func released(c *call) error {
 // if the release cannot be queued (ErrInvalid, ErrClosed, or a *ConnError
 // when no connection is up); what the server answers is not reported. A
 // release queued when its connection breaks goes out on another one; if
-// none is up, on the next one to come up, unless l.Deadline passes first
+// none is up, when its own connection is back, unless l.Deadline passes first
 // (then the lease has ended by itself). A later Acquire of
 // the same key by this client goes out after it on the same connection, so
 // it is not refused by the lock it just gave up (unless that connection
