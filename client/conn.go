@@ -481,13 +481,34 @@ func (s *slot) armHeld() {
 		s.heldTimer = nil
 	}
 	if len(s.held) > 0 {
-		s.heldTimer = time.AfterFunc(time.Until(first), func() { s.failHeld(false) })
+		s.heldTimer = time.AfterFunc(time.Until(first), s.heldDue)
 	}
 }
 
 // failHeld fails the held releases whose Deadline has passed (all of them
 // with all set: the client is closing) with an unknown outcome, as the
 // first copy's break left it.
+// heldDue fails the held releases whose Deadline passed, on heldTimer's
+// goroutine. Close waits for it (cl.wg) as for the connections' goroutines,
+// so that no ReleaseFunc func is called after Close returns: counted under
+// s.mu while the client is open, before the slot's run goroutine can end
+// (its last failHeld takes s.mu after).
+func (s *slot) heldDue() {
+	s.mu.Lock()
+	if s.cl.closed.Load() {
+		s.mu.Unlock()
+		return // the teardown fails them all
+	}
+	s.cl.wg.Add(1)
+	s.mu.Unlock()
+	defer s.cl.wg.Done()
+	s.failHeld(false)
+}
+
+// heldFailing, when set, runs as failHeld has taken the releases it fails
+// and before it fails them. (A hook for tests.)
+var heldFailing func()
+
 func (s *slot) failHeld(all bool) {
 	s.mu.Lock()
 	var due []*call
@@ -504,6 +525,9 @@ func (s *slot) failHeld(all bool) {
 	s.held = kept
 	s.armHeld()
 	s.mu.Unlock()
+	if len(due) > 0 && heldFailing != nil {
+		heldFailing()
+	}
 	for _, c := range due {
 		why := ErrClosed
 		if !all {

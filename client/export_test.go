@@ -26,3 +26,10 @@ func SetBeforeMoveHome(fn func()) (restore func()) {
 	beforeMoveHome = fn
 	return func() { beforeMoveHome = nil }
 }
+
+// SetHeldFailing sets a func to run as held releases are about to fail; it
+// returns a func that removes it.
+func SetHeldFailing(fn func()) (restore func()) {
+	heldFailing = fn
+	return func() { heldFailing = nil }
+}

@@ -682,6 +682,47 @@ func TestCloseFailsHeldRelease(t *testing.T) {
 	}
 }
 
+// A held release whose Deadline passes as Close runs reaches its
+// ReleaseFunc func before Close returns, as ReleaseFunc promises: Close
+// waits for the timer's goroutine, here held up as it is about to fail it.
+func TestReleaseFuncOfAHeldReleaseDueAtCloseIsCalledBeforeCloseReturns(t *testing.T) {
+	failing, goOn := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(client.SetHeldFailing(func() {
+		once.Do(func() { close(failing); <-goOn })
+	}))
+	cl := brokenClient(t, client.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	called := make(chan time.Time, 1)
+	l := client.Lock{Key: "k", Token: 7, Deadline: time.Now().Add(300 * time.Millisecond)}
+	if err := cl.ReleaseFunc(l, func(error) { called <- time.Now() }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-failing: // the timer's goroutine, at the Deadline
+	case <-time.After(5 * time.Second):
+		t.Fatal("the held release did not fail at its Deadline")
+	}
+	closed := make(chan time.Time, 1)
+	go func() { cl.Close(); closed <- time.Now() }()
+	var done time.Time
+	select {
+	case done = <-closed: // too early: the func is yet to be called
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(goOn)
+	at := <-called
+	if done.IsZero() {
+		select {
+		case done = <-closed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not return")
+		}
+	}
+	if at.After(done) {
+		t.Fatalf("the func was called %v after Close returned", at.Sub(done))
+	}
+}
+
 // A grant that arrives after its caller gave up is released by the client;
 // when the connection that brought it breaks at once, the release goes out
 // on the next connection rather than leave the lock to its lease.
