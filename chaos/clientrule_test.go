@@ -115,11 +115,16 @@ func TestClientRuleExceptions(t *testing.T) {
 }
 
 // The recorder dates a waited grant as the Go client does: from the
-// answer less the latest round trip of a release or a wait-0 acquire, and
-// never before the send.
+// answer less the latest round trip of a release or a wait-0 acquire on
+// its connection, never before the send, and from the send before one.
 func TestRecorderDatesWaitedGrants(t *testing.T) {
 	h := &History{}
-	rtt := ms(3) // the handshake
+	var rtt int64 // a new connection: none measured
+	first := &Op{Kind: 'A', WaitMs: 500, Invoke: ms(1)}
+	h.complete(first, ms(8), ResGranted, 6, &rtt)
+	if first.Start != ms(1) || first.RTT != 0 {
+		t.Errorf("waited grant before a round trip: start %v rtt %v, want the send, 1ms, and 0", time.Duration(first.Start), time.Duration(first.RTT))
+	}
 	rel := &Op{Kind: 'R', Invoke: ms(10)}
 	h.complete(rel, ms(12), ResReleased, 0, &rtt)
 	if rtt != ms(2) {

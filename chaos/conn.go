@@ -20,9 +20,9 @@ type conn struct {
 	id, node int
 	h        *History
 	nc       net.Conn
-	// rtt is the latest round trip, as the Go client measures it (the
-	// handshake, then each answer to a release or a wait-0 acquire), in
-	// ns; the reader's alone once it runs.
+	// rtt is the latest round trip, as the Go client measures it (each
+	// answer to a release or a wait-0 acquire; 0 until one comes), in ns;
+	// the reader's alone.
 	rtt int64
 
 	wmu sync.Mutex // one writer at a time
@@ -41,12 +41,11 @@ type call struct {
 var errBroken = errors.New("connection broken")
 
 func dialConn(h *History, id, node int, addr string) (*conn, error) {
-	t0 := h.Now()
 	nc, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{id: id, node: node, h: h, nc: nc, rtt: h.Now() - t0, pending: map[string]*call{}, done: make(chan struct{})}
+	c := &conn{id: id, node: node, h: h, nc: nc, pending: map[string]*call{}, done: make(chan struct{})}
 	go c.read()
 	return c, nil
 }

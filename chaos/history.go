@@ -59,10 +59,10 @@ type Op struct {
 	LostAt int64 `json:"lost_at,omitempty"`
 	// For a grant to an acquire that could wait (wait_ms > 0), the Go
 	// client's dating of its lease: RTT is the connection's latest round
-	// trip when the answer came (the dial's handshake, or the latest answer
-	// to a release or a wait-0 acquire), Start the answer's arrival less
-	// RTT, not before the send (0: not recorded). The client holds the key
-	// until Start + lease_ms.
+	// trip when the answer came (of the latest answer to a release or a
+	// wait-0 acquire on it; 0: none yet), Start the answer's arrival less
+	// RTT, not before the send, and the send while RTT is 0 (0: not
+	// recorded). The client holds the key until Start + lease_ms.
 	RTT   int64 `json:"rtt,omitempty"`
 	Start int64 `json:"start,omitempty"`
 }
@@ -198,7 +198,7 @@ func (h *History) Complete(op *Op, at int64, result string, token uint64) {
 // complete is Complete that also keeps a connection's round trip the way
 // the Go client does: an answer to a release or a wait-0 acquire sets *rtt
 // to its own round trip; a grant that may have waited is dated from its
-// arrival less *rtt, not before its send.
+// arrival less *rtt, not before its send, and from its send while *rtt is 0.
 func (h *History) complete(op *Op, at int64, result string, token uint64, rtt *int64) {
 	h.mu.Lock()
 	op.Complete, op.Result = at, result
@@ -209,6 +209,8 @@ func (h *History) complete(op *Op, at int64, result string, token uint64, rtt *i
 	case rtt == nil:
 	case op.Kind == 'R' || op.WaitMs == 0:
 		*rtt = at - op.Invoke
+	case result == ResGranted && *rtt == 0:
+		op.Start = op.Invoke
 	case result == ResGranted:
 		op.RTT, op.Start = *rtt, max(op.Invoke, at-*rtt)
 	}
