@@ -193,7 +193,7 @@ func (f *faultStore) save(s state) error {
 	return nil
 }
 
-func (f *faultStore) putSnapshot(seq uint64, b []byte) error {
+func (f *faultStore) putSnapshot(seq uint64, created int64, b []byte) error {
 	f.mu.Lock()
 	hook := f.snapErr
 	f.mu.Unlock()
@@ -205,7 +205,7 @@ func (f *faultStore) putSnapshot(seq uint64, b []byte) error {
 	f.mu.Lock()
 	f.snaps++
 	f.mu.Unlock()
-	return f.durable.putSnapshot(seq, b)
+	return f.durable.putSnapshot(seq, created, b)
 }
 
 func (f *faultStore) state() state {

@@ -722,3 +722,30 @@ func TestCrashGraceAfterAFastClockEndsWithinTheLongestLease(t *testing.T) {
 		t.Fatalf("grace of %v after the crash, shorter than --max-lease", time.Duration(g2.r.GraceUntil-now))
 	}
 }
+
+// A restart whose wall clock reads fast (a host back from a power cut with
+// its clock ahead, time not yet synced) reads the lease ceiling as passed:
+// the grace must still last what the leases had left at the crash, counted
+// on this run's own clock from its start.
+func TestCrashGraceOnARestartWhoseClockReadsFast(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 1})
+	g.dial().acquire("h", "held", 600_000) // 10 minutes, answered
+	g.crash()                              // kill -9, or a power cut, right after
+
+	// Restarted 5 s later in real time, on a wall clock an hour fast.
+	now := testStart + int64(5*time.Second) + int64(time.Hour)
+	r, err := open(Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour},
+		env{clock: newFakeClock(now)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Crashed {
+		t.Fatal("not a crash restart")
+	}
+	if left := time.Duration(r.GraceUntil - now); left < 595*time.Second {
+		t.Errorf("grace of %v after the restart (GraceUntil %d, now %d); the lease answered before the crash has 595s left",
+			max(left, 0), r.GraceUntil, now)
+	}
+}

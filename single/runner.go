@@ -235,11 +235,24 @@ func (r *Runner) reserveTokens(next uint64) uint64 {
 // otherwise grant nothing for as long. The grace is waited out on this
 // run's monotonic clock, so the cap holds even if the wall clock is wrong
 // now.
+//
+// Nor does it end before now plus what the lease ceiling had left when the
+// state was last written, both on the last run's clock: no lease had more
+// left at the crash, which came after. A restart whose wall clock reads
+// fast (a host back from a power cut with its clock ahead, time not yet
+// synced) would otherwise read the ceiling as passed and grant at once
+// keys whose leases still run. The price: after a long downtime the grace
+// still lasts about the longest lease that was running.
 func crashGrace(st state, now int64) int64 {
 	if st.MaxLease <= 0 {
 		return st.LeaseCeil // a dir of an earlier version: unknown
 	}
-	return min(st.LeaseCeil, satAdd(satAdd(now, st.MaxLease), leaseStep))
+	g := min(st.LeaseCeil, satAdd(satAdd(now, st.MaxLease), leaseStep))
+	if st.Written > 0 && st.LeaseCeil > st.Written {
+		left := min(st.LeaseCeil-st.Written, satAdd(st.MaxLease, leaseStep))
+		g = max(g, satAdd(now, left))
+	}
+	return g
 }
 
 // maxLeaseEver is the longest --max-lease any version accepts.
@@ -495,6 +508,7 @@ func (r *Runner) write(change func(*state), always bool) error {
 		return nil
 	}
 	next.Seq = r.st.Seq + 1
+	next.Written = r.clock.now()
 	if err := r.store.save(next); err != nil {
 		return err
 	}
@@ -1249,9 +1263,9 @@ func (r *Runner) Shutdown(ctx context.Context) error {
 	// crash (a snapshot is renamed into place whole, or not at all).
 	done := make(chan error, 1)
 	r.stMu.Lock()
-	seq := r.st.Seq
+	seq, created := r.st.Seq, r.st.Created
 	r.stMu.Unlock()
-	go func() { done <- r.store.putSnapshot(seq, blob) }()
+	go func() { done <- r.store.putSnapshot(seq, created, blob) }()
 	select {
 	case err := <-done:
 		if cerr := r.store.close(); err == nil {

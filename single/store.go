@@ -41,10 +41,12 @@ const (
 	tmpSuffix = ".tmp"
 
 	stateMagic  = "TICKETD\x01"
-	snapMagic   = "TKTSNAP\x02"
+	snapMagic   = "TKTSNAP\x03"
+	snapMagic2  = "TKTSNAP\x02" // before snapshots named their data dir
 	snapMagic1  = "TKTSNAP\x01" // before snapshots named their state's Seq
 	stateSize   = 64
-	snapHeader  = 8 + 8 + 4 + 8 // magic, length, checksum, state Seq
+	snapHeader  = 8 + 8 + 4 + 8 + 8 // magic, length, checksum, state Seq, dir's Created
+	snapHeader2 = 8 + 8 + 4 + 8
 	snapHeader1 = 8 + 8 + 4
 )
 
@@ -67,6 +69,11 @@ type state struct {
 	// wrote this state, so a snapshot of the earlier format found beside it
 	// is older than that run (put back, or a removal that did not last).
 	SeqSnaps bool
+	// Written is when the run that wrote this state wrote it, on its clock
+	// (unix ns, kept in ms, rounded down; 0: unknown, an earlier version):
+	// with LeaseCeil, of the same clock, it bounds how long a lease could
+	// still run then, whatever the next run's clock reads (crashGrace).
+	Written int64
 }
 
 func (s *state) encode() []byte {
@@ -81,6 +88,7 @@ func (s *state) encode() []byte {
 	if s.SeqSnaps {
 		b[52] = 1
 	}
+	putUint48(b[54:], uint64(max(s.Written, 0)/int64(time.Millisecond)))
 	binary.BigEndian.PutUint32(b[stateSize-4:], crc32.Checksum(b[:stateSize-4], castagnoli))
 	return b
 }
@@ -102,7 +110,20 @@ func decodeState(b []byte) (state, error) {
 		Shards:    binary.BigEndian.Uint32(b[40:]),
 		MaxLease:  int64(binary.BigEndian.Uint64(b[44:])),
 		SeqSnaps:  b[52] == 1,
+		Written:   int64(uint48(b[54:])) * int64(time.Millisecond),
 	}, nil
+}
+
+// putUint48 and uint48 keep a 48-bit value big-endian (ms since 1970 fit
+// for 8,900 years).
+func putUint48(b []byte, v uint64) {
+	_ = b[5]
+	b[0], b[1], b[2], b[3], b[4], b[5] = byte(v>>40), byte(v>>32), byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+}
+
+func uint48(b []byte) uint64 {
+	_ = b[5]
+	return uint64(b[0])<<40 | uint64(b[1])<<32 | uint64(b[2])<<24 | uint64(b[3])<<16 | uint64(b[4])<<8 | uint64(b[5])
 }
 
 // durable is what the runner needs from its data dir. Tests wrap it to
@@ -111,8 +132,9 @@ type durable interface {
 	// save makes s the durable state; it returns once s is synced.
 	save(s state) error
 	// putSnapshot writes the clean-shutdown table, synced, bound to the
-	// state written last (its Seq): see decodeSnapshot.
-	putSnapshot(seq uint64, b []byte) error
+	// state written last (its Seq) and to the dir (the state's Created):
+	// see decodeSnapshot.
+	putSnapshot(seq uint64, created int64, b []byte) error
 	// dropSnapshot removes it, synced, so a later crash looks like one.
 	dropSnapshot() error
 	// setAsideSnapshot renames one that does not load out of the way,
@@ -240,8 +262,15 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		return fail(fmt.Errorf("cannot read %s in data dir %q: %w", snapName, dir, ioErr(dir, err)))
 	default:
 		var seq uint64
-		if ld.snap, seq, err = decodeSnapshot(b); err != nil {
+		var created int64
+		if ld.snap, seq, created, err = decodeSnapshot(b); err != nil {
 			ld.damage = append(ld.damage, fmt.Sprintf("%s is damaged (%v)", snapName, err))
+		} else if created != 0 && ld.stOK && created != ld.st.Created {
+			// Another dir's (a mix-up while moving files, a sync tool): its
+			// Seq may well equal this state's, and loaded, it would forget
+			// this dir's holders and take its tokens back. A crash's
+			// restart instead, on this dir's ceilings, and the file goes.
+			ld.snap, ld.staleSnap = nil, fmt.Sprintf("it was written in another data dir (first used at unix ns %d; this one at %d)", created, ld.st.Created)
 		} else if seq != 0 && ld.stOK && seq > ld.st.Seq {
 			// Every write of the state raises its Seq, and the snapshot
 			// names the one it was written with: a state below it went
@@ -422,46 +451,55 @@ func (s *store) save(st state) error {
 	return nil
 }
 
-// The snapshot file: snapMagic, the blob's length, the CRC-32C of the Seq
-// and the blob, the Seq of the state written last before it, the blob.
-func (s *store) putSnapshot(seq uint64, b []byte) error {
+// The snapshot file: snapMagic, the blob's length, the CRC-32C of what
+// follows it, the Seq of the state written last before it, the Created of
+// the dir's state, the blob.
+func (s *store) putSnapshot(seq uint64, created int64, b []byte) error {
 	var h [snapHeader]byte
 	copy(h[:], snapMagic)
 	binary.BigEndian.PutUint64(h[8:], uint64(len(b)))
 	binary.BigEndian.PutUint64(h[20:], seq)
+	binary.BigEndian.PutUint64(h[28:], uint64(created))
 	binary.BigEndian.PutUint32(h[16:], crc32.Update(crc32.Checksum(h[20:], castagnoli), castagnoli, b))
 	return s.writeFile(snapName, h[:], b)
 }
 
-// decodeSnapshot returns the blob and the Seq of the state it belongs to
-// (0 for a snapshot of the earlier format, which named none). A start that
-// loads a snapshot writes the state (a higher Seq) before it removes the
-// file: a snapshot whose Seq is not the state's is one whose removal did
-// not last (a power loss after a directory sync that failed), and loading
-// it would take tokens back.
-func decodeSnapshot(b []byte) ([]byte, uint64, error) {
-	hdr := snapHeader
-	if len(b) >= 8 && string(b[:8]) == snapMagic1 {
+// decodeSnapshot returns the blob, the Seq of the state it belongs to (0
+// for a snapshot of the first format, which named none) and the Created of
+// its dir (0 for the formats before, which named none). A start that loads
+// a snapshot writes the state (a higher Seq) before it removes the file: a
+// snapshot whose Seq is not the state's is one whose removal did not last
+// (a power loss after a directory sync that failed), and loading it would
+// take tokens back; one whose Created is not the state's is another dir's.
+func decodeSnapshot(b []byte) (blob []byte, seq uint64, created int64, err error) {
+	var hdr int
+	switch {
+	case len(b) < 8:
+	case string(b[:8]) == snapMagic:
+		hdr = snapHeader
+	case string(b[:8]) == snapMagic2:
+		hdr = snapHeader2
+	case string(b[:8]) == snapMagic1:
 		hdr = snapHeader1
-	} else if len(b) < 8 || string(b[:8]) != snapMagic {
-		return nil, 0, errors.New("not a ticketd snapshot")
 	}
-	if len(b) < hdr {
-		return nil, 0, errors.New("not a ticketd snapshot")
+	if hdr == 0 || len(b) < hdr {
+		return nil, 0, 0, errors.New("not a ticketd snapshot")
 	}
 	if n := binary.BigEndian.Uint64(b[8:]); n != uint64(len(b)-hdr) {
-		return nil, 0, fmt.Errorf("%d bytes, the header says %d", len(b)-hdr, n)
+		return nil, 0, 0, fmt.Errorf("%d bytes, the header says %d", len(b)-hdr, n)
 	}
-	var seq uint64
 	sum := crc32.Checksum(b[hdr:], castagnoli)
-	if hdr == snapHeader {
+	if hdr > snapHeader1 {
 		seq = binary.BigEndian.Uint64(b[20:])
 		sum = crc32.Update(crc32.Checksum(b[20:hdr], castagnoli), castagnoli, b[hdr:])
 	}
-	if sum != binary.BigEndian.Uint32(b[16:]) {
-		return nil, 0, errors.New("checksum mismatch")
+	if hdr == snapHeader {
+		created = int64(binary.BigEndian.Uint64(b[28:]))
 	}
-	return b[hdr:], seq, nil
+	if sum != binary.BigEndian.Uint32(b[16:]) {
+		return nil, 0, 0, errors.New("checksum mismatch")
+	}
+	return b[hdr:], seq, created, nil
 }
 
 func (s *store) dropSnapshot() error {

@@ -230,13 +230,13 @@ func TestSnapshotThatDoesNotLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blob, seq, err := decodeSnapshot(b)
+	blob, seq, created, err := decodeSnapshot(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	blob = append([]byte(nil), blob...)
 	blob[0]++ // the shard count: one table too many
-	if err := (&store{dir: dir}).putSnapshot(seq, blob); err != nil {
+	if err := (&store{dir: dir}).putSnapshot(seq, created, blob); err != nil {
 		t.Fatal(err)
 	}
 	opt := Options{DataDir: dir, Shards: 4, SweepInterval: time.Hour, MaxLease: time.Hour}
@@ -418,7 +418,7 @@ func earlierFormat(t *testing.T, dir string, earlierState bool) state {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blob, _, err := decodeSnapshot(b)
+	blob, _, _, err := decodeSnapshot(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +557,7 @@ func TestRecoveredSnapshotKeepsNoKeysOfItsTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.putSnapshot(ld.st.Seq, blob); err != nil {
+	if err := s.putSnapshot(ld.st.Seq, ld.st.Created, blob); err != nil {
 		t.Fatal(err)
 	}
 	_ = s.close()
@@ -747,5 +747,94 @@ func TestShardsChangeAfterACleanShutdownWithoutKeys(t *testing.T) {
 	}
 	if r.TokenFloor <= tok {
 		t.Errorf("tokens start above %d, at or below the earlier token %d", r.TokenFloor, tok)
+	}
+}
+
+// A clean shutdown's snapshot names its dir: one of another dir (a mix-up
+// while moving files, a sync tool), even at the same Seq as this dir's
+// state, is not loaded as this dir's clean shutdown, which would forget its
+// holders and take its tokens back. The start is a crash's restart on this
+// dir's ceilings, and the file goes.
+func TestSnapshotOfAnotherDataDirIsNotLoaded(t *testing.T) {
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := startRig(t, dirA, rigOpts{shards: 1})
+	ca := a.dial()
+	held := ca.acquire("a", "ka", 600_000)
+	var last uint64
+	for i := range 4 {
+		last = ca.acquire("a", fmt.Sprintf("other%d", i), 600_000)
+	}
+	ca.c.Close() // or the shutdown lingers for it
+	if err := a.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	stA := a.store.state()
+	b := startRig(t, dirB, rigOpts{shards: 1, clock: newFakeClock(testStart + int64(time.Second))}) // first used a second later
+	cb := b.dial()
+	cb.acquire("b", "kb", 600_000)
+	cb.c.Close()
+	if err := b.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	stB := b.store.state()
+
+	// B's snapshot in A's dir, at A's Seq: as if the two dirs had seen as
+	// many writes.
+	raw, err := os.ReadFile(filepath.Join(dirB, snapName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, _, created, err := decodeSnapshot(raw)
+	if err != nil || created != stB.Created {
+		t.Fatalf("B's snapshot: created %d (B's state: %d), %v", created, stB.Created, err)
+	}
+	if err := (&store{dir: dirA}).putSnapshot(stA.Seq, created, blob); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := open(Options{DataDir: dirA, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}, env{clock: newFakeClock(testStart)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Clean || !r.Crashed || !strings.Contains(r.StaleSnapshot, "another data dir") {
+		t.Errorf("another dir's snapshot: clean=%v crashed=%v stale %q; want a crash restart that says why", r.Clean, r.Crashed, r.StaleSnapshot)
+	}
+	if r.TokenFloor < last {
+		t.Errorf("tokens go on above %d; %d (ka's is %d) was answered in this dir", r.TokenFloor, last, held)
+	}
+	if _, err := os.Stat(filepath.Join(dirA, snapName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the other dir's snapshot is still there: %v", err)
+	}
+}
+
+// A snapshot of the format before snapshots named their dir, beside its
+// state (an upgrade), still loads as a clean shutdown.
+func TestSnapshotOfTheFormatBeforeDirsLoads(t *testing.T) {
+	dir := usedDir(t, true)
+	p := filepath.Join(dir, snapName)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, seq, _, err := decodeSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := make([]byte, snapHeader2, snapHeader2+len(blob))
+	copy(old, snapMagic2)
+	binary.BigEndian.PutUint64(old[8:], uint64(len(blob)))
+	binary.BigEndian.PutUint64(old[20:], seq)
+	binary.BigEndian.PutUint32(old[16:], crc32.Update(crc32.Checksum(old[20:], castagnoli), castagnoli, blob))
+	if err := os.WriteFile(p, append(old, blob...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Crashed || !r.Clean {
+		t.Errorf("a snapshot of the format before dirs: crashed=%v clean=%v; want it loaded", r.Crashed, r.Clean)
 	}
 }
