@@ -632,6 +632,34 @@ func (t *Table) SetLimits(maxKeys, maxWaitersPerKey, maxWaiters int) {
 	t.cfg.MaxKeys, t.cfg.MaxWaitersPerKey, t.cfg.MaxWaiters = maxKeys, maxWaitersPerKey, maxWaiters
 }
 
+// ShiftLeases moves every lease end and the grace by (> 0) later; waits
+// keep their ends. Single mode's answer to a clean restart whose wall clock
+// may read ahead of the stopped run's (single.Runner). Not for a Replicated
+// table, whose deadlines move only by the log: it panics.
+func (t *Table) ShiftLeases(by int64) {
+	if t.cfg.Replicated {
+		panic("shard: ShiftLeases on a Replicated table")
+	}
+	if by <= 0 {
+		return
+	}
+	later := func(d int64) int64 {
+		if d > math.MaxInt64-by {
+			return math.MaxInt64
+		}
+		return d + by
+	}
+	// syncLease moves heap timers only, not the index that each walks.
+	t.keys.each(func(e *entry) {
+		e.deadline = later(e.deadline)
+		t.syncLease(e)
+	})
+	t.maxDeadline = later(t.maxDeadline)
+	if t.grace > 0 {
+		t.grace = later(t.grace)
+	}
+}
+
 // MaxDeadline is the latest lease deadline ever granted (lease high-water mark).
 func (t *Table) MaxDeadline() int64 { return t.maxDeadline }
 

@@ -582,3 +582,30 @@ func TestReleaseFindsItsGrantWhateverTheTokenRingHolds(t *testing.T) {
 		t.Fatalf("second release of kept after the load: %v", got)
 	}
 }
+
+// ShiftLeases moves lease ends and the grace later, and nothing else.
+func TestShiftLeases(t *testing.T) {
+	tb := New(Config{})
+	const ms = int64(1e6)
+	tok := acq(tb, 0, 1, 1, "k", 1000, 0)[0].Token
+	tb.SetGrace(100 * ms)
+	tb.ShiftLeases(5000 * ms)
+	if g := tb.Grace(); g != 5100*ms {
+		t.Errorf("grace %d, want %d", g, 5100*ms)
+	}
+	if d := tb.MaxDeadline(); d != 6000*ms {
+		t.Errorf("max deadline %d, want %d", d, 6000*ms)
+	}
+	if got := acq(tb, 5999*ms, 2, 1, "k", 1000, 0); got[0].Result != TimedOut {
+		t.Fatalf("before the moved lease end: %v", got)
+	}
+	if got := acq(tb, 6000*ms, 2, 2, "k", 1000, 0); got[0].Result != Acquired || got[0].Token <= tok {
+		t.Fatalf("at the moved lease end: %v", got)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("ShiftLeases on a Replicated table did not panic")
+		}
+	}()
+	New(Config{Replicated: true}).ShiftLeases(1)
+}

@@ -749,3 +749,64 @@ func TestCrashGraceOnARestartWhoseClockReadsFast(t *testing.T) {
 			max(left, 0), r.GraceUntil, now)
 	}
 }
+
+// A clean restart whose wall clock reads fast: the snapshot's lease ends
+// are on the stopped run's clock, so each lease must keep what it had left
+// at the stop, counted from the restart.
+func TestCleanRestartOnAClockThatReadsFastKeepsLeases(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 1})
+	c := g.dial()
+	tok := c.acquire("o", "k", 60_000)
+	c.c.Close()
+	if err := g.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Restarted 5 s later in real time, on a wall clock an hour fast.
+	next := newFakeClock(g.clock.now() + int64(5*time.Second) + int64(time.Hour))
+	g2 := startRig(t, dir, rigOpts{shards: 1, clock: next})
+	if !g2.r.Clean {
+		t.Fatal("not a clean restart")
+	}
+	c2 := g2.dial()
+	c2.send("A p k 1000 0")
+	if line, _ := c2.read(); line != "T p k" {
+		t.Fatalf("at the restart, the lease with 60s left at the stop: %q, want T p k", line)
+	}
+	next.Advance(59 * time.Second)
+	c2.send("A p k 1000 0")
+	if line, _ := c2.read(); line != "T p k" {
+		t.Fatalf("59s after the restart: %q, want T p k", line)
+	}
+	next.Advance(2 * time.Second)
+	if got := c2.acquire("p", "k", 1000); got <= tok {
+		t.Fatalf("token %d after the lease ended, not above %d", got, tok)
+	}
+}
+
+// On a right clock the same moves each lease by the downtime only, not by
+// the time since the state was last written before it.
+func TestCleanRestartMovesLeasesByTheDowntimeOnly(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 1})
+	c := g.dial()
+	granted := g.clock.now()
+	tok := c.acquire("o", "k", 60_000)
+	c.c.Close()
+	g.clock.Advance(30 * time.Second) // nothing written meanwhile
+	if err := g.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	const down = 5 * time.Second
+	next := newFakeClock(g.clock.now() + int64(down))
+	g2 := startRig(t, dir, rigOpts{shards: 1, clock: next})
+	if g2.r.Shifted != down {
+		t.Errorf("leases moved by %v, want the downtime, %v", g2.r.Shifted, down)
+	}
+	next.Advance(time.Duration(granted + int64(60*time.Second+down) - next.now()))
+	if got := g2.dial().acquire("p", "k", 1000); got <= tok {
+		t.Fatalf("token %d after the lease and the downtime ended, not above %d", got, tok)
+	}
+}

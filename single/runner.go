@@ -138,8 +138,11 @@ type Runner struct {
 	wg       sync.WaitGroup
 
 	// Restart facts, for the log.
-	Clean      bool     // the last run shut down cleanly: its snapshot was loaded
-	Restored   int      // keys loaded from a clean-shutdown snapshot
+	Clean    bool // the last run shut down cleanly: its snapshot was loaded
+	Restored int  // keys loaded from a clean-shutdown snapshot
+	// Shifted: how much later the restored leases end than the snapshot
+	// wrote, the time from its write to this start on this run's clock.
+	Shifted    time.Duration
 	Crashed    bool     // the last run did not shut down cleanly
 	Recovered  []string // recovery: what was damaged; nil otherwise
 	SetAside   []string // recovery: where the damaged files went
@@ -331,7 +334,23 @@ func (r *Runner) load(ld loaded, now int64) error {
 			}
 			break
 		}
-		if err := r.restore(ld.snap); err != nil {
+		err := r.restore(ld.snap)
+		if err == nil && ld.st.Written > 0 && now > ld.st.Written {
+			// The snapshot's lease ends are on the stopped run's clock, and
+			// this one may read ahead of it (a host back with its clock
+			// fast). Each lease keeps what it had left at the stop, the
+			// state written with it, counted from now; on a right clock a
+			// lease runs that much longer, the downtime, no harm to the
+			// holder, who counts its own.
+			var end int64
+			for _, p := range r.parts {
+				p.t.ShiftLeases(now - ld.st.Written)
+				end = max(end, p.t.MaxDeadline())
+			}
+			st.LeaseCeil = max(st.LeaseCeil, satAdd(end, leaseStep))
+			r.Shifted = time.Duration(now - ld.st.Written)
+		}
+		if err != nil {
 			damage := fmt.Sprintf("%s holds a table that does not load: %v", snapName, err)
 			if !r.opt.RecoverDamaged {
 				return fmt.Errorf("%w: %q: %s", ErrDamaged, r.opt.DataDir, damage)
@@ -508,7 +527,7 @@ func (r *Runner) write(change func(*state), always bool) error {
 		return nil
 	}
 	next.Seq = r.st.Seq + 1
-	next.Written = r.clock.now()
+	next.Written = satAdd(r.clock.now(), r.clock.ahead()) // on the next run's clock, as LeaseCeil
 	if err := r.store.save(next); err != nil {
 		return err
 	}
@@ -1262,10 +1281,18 @@ func (r *Runner) Shutdown(ctx context.Context) error {
 	// process past ctx; the caller exits then, and the next start sees a
 	// crash (a snapshot is renamed into place whole, or not at all).
 	done := make(chan error, 1)
-	r.stMu.Lock()
-	seq, created := r.st.Seq, r.st.Created
-	r.stMu.Unlock()
-	go func() { done <- r.store.putSnapshot(seq, created, blob) }()
+	go func() {
+		// The state is written again first: its Written is then the
+		// snapshot's time, from which the next run counts its leases.
+		if err := r.write(func(*state) {}, true); err != nil {
+			done <- err
+			return
+		}
+		r.stMu.Lock()
+		seq, created := r.st.Seq, r.st.Created
+		r.stMu.Unlock()
+		done <- r.store.putSnapshot(seq, created, blob)
+	}()
 	select {
 	case err := <-done:
 		if cerr := r.store.close(); err == nil {

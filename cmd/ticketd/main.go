@@ -270,7 +270,8 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 			zap.Uint64("tokens_above", runner.TokenFloor),
 			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
 	case runner.Clean:
-		log.Info("restored locks from clean shutdown", zap.Int("keys", runner.Restored))
+		log.Info("restored locks from clean shutdown", zap.Int("keys", runner.Restored),
+			zap.Duration("leases_moved_later_by", runner.Shifted))
 	case runner.NewDir == "made":
 		// Said, so that a typo in --data-dir shows: the server then starts
 		// with no locks and tokens from 1, as on its first start.
