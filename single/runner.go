@@ -152,7 +152,8 @@ type Runner struct {
 	// not exist; "empty": it did); "" otherwise.
 	NewDir string
 	// StaleSnapshot says why a snapshot found was dropped, older than the
-	// state ("": none was); the start is then a crash restart.
+	// state or another dir's ("": none was); the start is then a crash
+	// restart.
 	StaleSnapshot string
 }
 

@@ -261,7 +261,7 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 			zap.Uint64("tokens_above", runner.TokenFloor),
 			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
 	case runner.StaleSnapshot != "":
-		log.Warn("found a snapshot older than the state and removed it: restarting as after a crash",
+		log.Warn("found a snapshot that is not the last run's and removed it: restarting as after a crash",
 			zap.String("why", runner.StaleSnapshot),
 			zap.Uint64("tokens_above", runner.TokenFloor),
 			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
