@@ -322,7 +322,12 @@ func (r *Runner) load(ld loaded, now int64) error {
 			}
 			// No key to carry over: what is left of the table is its
 			// tokens, which go on above every reservation made, and a
-			// crash grace that was still running.
+			// crash grace that was still running (moved later as the
+			// leases below are).
+			if f.grace > 0 && ld.st.Written > 0 && now > ld.st.Written {
+				f.grace = satAdd(f.grace, now-ld.st.Written)
+				st.LeaseCeil = max(st.LeaseCeil, f.grace)
+			}
 			r.TokenFloor = st.TokenCeil
 			for _, p := range r.parts {
 				p.t.SetLastToken(st.TokenCeil)

@@ -750,6 +750,33 @@ func TestShardsChangeAfterACleanShutdownWithoutKeys(t *testing.T) {
 	}
 }
 
+// A crash grace still running at a clean shutdown goes on after a restart
+// with other --shards on a wall clock that reads fast: what it had left at
+// the stop, counted from the restart.
+func TestGraceCarriedOverAShardsChangeOnAFastClock(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 2})
+	g.dial().acquire("o", "k", 600_000)
+	g.crash()
+	g2 := startRig(t, dir, rigOpts{shards: 2, clock: newFakeClock(g.clock.now() + int64(time.Second))})
+	left := g2.r.GraceUntil - g2.clock.now()
+	if left < int64(590*time.Second) {
+		t.Fatalf("crash grace of %v, want the lease's 599s", time.Duration(left))
+	}
+	if err := g2.shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	now := g2.clock.now() + int64(5*time.Second) + int64(time.Hour)
+	r, err := open(Options{DataDir: dir, Shards: 4, SweepInterval: time.Hour, MaxLease: time.Hour}, env{clock: newFakeClock(now)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got := r.GraceUntil - now; got < left {
+		t.Errorf("grace of %v after the restart an hour fast, want the %v it had left at the stop", time.Duration(max(got, 0)), time.Duration(left))
+	}
+}
+
 // A clean shutdown's snapshot names its dir: one of another dir (a mix-up
 // while moving files, a sync tool), even at the same Seq as this dir's
 // state, is not loaded as this dir's clean shutdown, which would forget its
