@@ -410,6 +410,13 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	if action == gnet.Close {
 		return h.linger(c, gc)
 	}
+	if held-consumed > s.hardInbound() {
+		// Requests read past the backpressure: see hardInbound. Closed as
+		// one that does not read: what is unsent goes, its grants
+		// released by OnClose.
+		s.floodClosed.Add(1)
+		return gnet.Close
+	}
 	if c.end != nil {
 		return gnet.None // woken by posts, and every parkedEvery
 	}

@@ -158,6 +158,22 @@ type Stats struct {
 	// UnreadClosed counts connections closed with hardOutbound times
 	// MaxOutbound unsent: late answers kept coming to a client not reading.
 	UnreadClosed int64
+	// FloodClosed counts connections closed with hardInbound of requests
+	// read and not carried out: a client that kept sending past the
+	// backpressure (see Server.hardInbound).
+	FloodClosed int64
+}
+
+// hardInbound is how much a connection's requests read and not yet carried
+// out may hold before it is closed: the most that MaxInflight requests of
+// the longest line take, or MaxOutbound if more. A connection over a limit
+// is not read, but gnet reads it again, a buffer at a time, whenever its
+// unsent output drains (it turns reading back on by itself), while the
+// parse takes only as many requests as answers came: a client that sends
+// without end and reads in bursts (cluster mode, answers after their
+// commits) would grow it for ever.
+func (s *Server) hardInbound() int {
+	return max(s.cfg.MaxInflight*codec.MaxLine, s.cfg.MaxOutbound)
 }
 
 // Server is the network side of one ticketd process.
@@ -173,7 +189,7 @@ type Server struct {
 	acquires, releases, badFrames atomic.Int64
 	paused, late, orphans         atomic.Int64
 	idleClosed, frameClosed       atomic.Int64
-	unreadClosed                  atomic.Int64
+	unreadClosed, floodClosed     atomic.Int64
 
 	timeouts bool      // IdleTimeout or FrameTimeout is set
 	epoch    time.Time // origin of the timeout stamps; see timeout.go
@@ -359,5 +375,6 @@ func (s *Server) Stats() Stats {
 		IdleClosed:   s.idleClosed.Load(),
 		FrameClosed:  s.frameClosed.Load(),
 		UnreadClosed: s.unreadClosed.Load(),
+		FloodClosed:  s.floodClosed.Load(),
 	}
 }
