@@ -2,6 +2,7 @@ package netloop
 
 import (
 	"bytes"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -418,7 +419,10 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		return gnet.Close
 	}
 	if c.end != nil {
-		return gnet.None // woken by posts, and every parkedEvery
+		// Woken by posts; looked at too for what posts nothing (a commit
+		// that only queues an acquire).
+		c.lookLater(c.inflight, c.end.at)
+		return gnet.None
 	}
 	if c.over(0) {
 		c.pause()
@@ -471,7 +475,7 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 	if c.end == nil {
 		c.end = &ending{at: s.now() + int64(lingerFor)}
 		c.paused = false // reads go on, to be discarded
-		s.parked.add(c)
+		c.park()
 		_ = resumeRead(c.epfd, gc.Fd(), gc.OutboundBuffered() > 0)
 		c.told = true
 		s.cfg.Backend.Closed(c)
@@ -497,6 +501,11 @@ func (h *handler) linger(c *Conn, gc gnet.Conn) gnet.Action {
 	}
 	if s.now() >= c.end.at {
 		return gnet.Close
+	}
+	if c.shut {
+		c.parkNext.Store(c.end.at) // all written: only the clock is left (a close is seen)
+	} else {
+		c.lookLater(gc.OutboundBuffered(), c.end.at)
 	}
 	return gnet.None
 }
@@ -581,7 +590,7 @@ func (s *Server) parse(c *Conn, buf []byte, out []byte, unsent int) ([]byte, int
 					// Answers to requests before it are still to come
 					// (cluster mode: their commits): the E line waits.
 					c.end = &ending{at: s.now() + int64(lingerFor), err: perr}
-					s.parked.add(c)
+					c.park()
 					break
 				}
 				out = c.sealWith(out, perr)
@@ -645,6 +654,28 @@ func (c *Conn) pause() {
 	c.parkOut = out
 	c.parkNext.Store(c.s.now() + c.parkWait)
 	_ = pauseRead(c.epfd, c.gc.Fd(), out > 0)
+}
+
+// park has the parked loop look at c, which waits for the clock or its
+// output to drain (linger, a bad frame's E line): see lookLater.
+func (c *Conn) park() {
+	c.parkWait, c.parkOut = 0, math.MaxInt
+	c.s.parked.add(c)
+}
+
+// lookLater sets when the parked loop next wakes c, which waits until end
+// and meanwhile for left (its unsent output, or its answers to come) to
+// shrink: soon while it does, less and less often while it does not (as
+// pause), at end at the latest. Woken every parkedEvery, a few thousand
+// lingering connections that did nothing took most of a loop's time.
+func (c *Conn) lookLater(left int, end int64) {
+	if left < c.parkOut {
+		c.parkWait = int64(parkedEvery)
+	} else {
+		c.parkWait = min(2*c.parkWait, int64(parkedMax))
+	}
+	c.parkOut = left
+	c.parkNext.Store(min(c.s.now()+c.parkWait, end))
 }
 
 // resume turns reading back on; if that fails the connection stays parked
@@ -711,6 +742,7 @@ func (s *Server) parkedLoop() {
 		now := s.now()
 		for _, c := range batch {
 			if c.parkNext.Load() <= now {
+				s.parkedWakes.Add(1)
 				_ = c.gc.Wake(nil)
 			}
 		}

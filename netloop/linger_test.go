@@ -1,8 +1,11 @@
 package netloop
 
 import (
+	"bufio"
 	"context"
 	"io"
+	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,5 +112,39 @@ func TestBadFrameWithdrawsAtOnce(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n := b.closed.Load(); n != 1 {
 		t.Errorf("Closed called %d times, want once", n)
+	}
+}
+
+// Connections that sent a bad frame, read their E line and then neither
+// read nor close linger up to lingerFor with nothing left to write: the
+// parked loop leaves them alone until then (a close is seen without it).
+// Woken every parkedEvery for the whole linger, 3,000 of them took most of
+// a loop's time (a review measured 0.2-0.8 s of CPU a second).
+func TestLingeringConnectionsWithNothingToWriteAreNotWoken(t *testing.T) {
+	const n = 2000
+	s, addr := startServer(t, Config{Backend: &fakeBackend{}, Loops: 1, MaxConns: 2 * n})
+	conns := make([]net.Conn, n)
+	for i := range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		conns[i] = c
+	}
+	for i, c := range conns {
+		if _, err := c.Write([]byte("x\n")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if l, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(l, "E command") {
+			t.Fatalf("conn %d: %q, %v", i, l, err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the last E lines are written and the write sides shut
+	w0 := s.parkedWakes.Load()
+	time.Sleep(time.Second)
+	if w := s.parkedWakes.Load() - w0; w > n/10 {
+		t.Errorf("the parked loop woke %d lingering connections with nothing to write in a second (%d of them)", w, n)
 	}
 }

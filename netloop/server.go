@@ -190,6 +190,7 @@ type Server struct {
 	paused, late, orphans         atomic.Int64
 	idleClosed, frameClosed       atomic.Int64
 	unreadClosed, floodClosed     atomic.Int64
+	parkedWakes                   atomic.Int64 // by parkedLoop (tests)
 
 	timeouts bool      // IdleTimeout or FrameTimeout is set
 	epoch    time.Time // origin of the timeout stamps; see timeout.go
