@@ -46,10 +46,20 @@ func RunEtcdMutex(ctx context.Context, endpoints []string, l Load) (*Result, err
 	ttl := max(1, int(l.LeaseMs/1000))
 	sessions := make([]*concurrency.Session, l.Conns)
 	defer func() {
+		// Revoking a session's lease on a member that died waits up to the
+		// lease's TTL: the sessions close together, and those still
+		// waiting after a while end with their clients' Close.
+		var wg sync.WaitGroup
 		for _, s := range sessions {
 			if s != nil {
-				s.Close()
+				wg.Go(func() { s.Close() })
 			}
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
 		}
 	}()
 	for i := range sessions {
@@ -65,6 +75,11 @@ func RunEtcdMutex(ctx context.Context, endpoints []string, l Load) (*Result, err
 	start := nanotime()
 	winStart := start + int64(l.Warmup)
 	end := winStart + int64(l.Duration)
+	// The calls end with the drain, as Run's pairs do: a member that dies
+	// or stalls leaves its clients waiting for a ready connection
+	// (clientv3's default), and the run would never end.
+	calls, stop := context.WithTimeout(ctx, time.Duration(end-nanotime())+l.Drain)
+	defer stop()
 	var stopped atomic.Bool
 	var mu sync.Mutex
 	var firstErr error
@@ -78,14 +93,17 @@ func RunEtcdMutex(ctx context.Context, endpoints []string, l Load) (*Result, err
 			for !stopped.Load() && nanotime() < end && ctx.Err() == nil {
 				m := concurrency.NewMutex(sessions[i], prefix+strconv.Itoa(rng.IntN(l.Keys.Keys)))
 				t0 := nanotime()
-				err := m.Lock(ctx)
+				err := m.Lock(calls)
 				t1 := nanotime()
 				if err == nil {
-					err = m.Unlock(ctx)
+					err = m.Unlock(calls)
 				}
 				t2 := nanotime()
 				if err != nil {
 					if ctx.Err() == nil {
+						if calls.Err() != nil {
+							err = fmt.Errorf("unanswered %v after the window: %w", l.Drain, err)
+						}
 						mu.Lock()
 						if firstErr == nil {
 							firstErr = fmt.Errorf("etcd: client %d: %w", i, err)
