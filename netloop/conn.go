@@ -466,7 +466,8 @@ const lingerFor = 5 * time.Second
 // EOF), and it is closed when the client closes its side or lingerFor has
 // passed. (Not once the client's kernel has acknowledged everything: a
 // client still sending then meets a reset, and one that gives up on a
-// failed write never reads what it was sent.) It is woken every parkedEvery meanwhile. Its queued acquires
+// failed write never reads what it was sent.) It is looked at meanwhile as
+// lookLater says, and once all is written only at its end. Its queued acquires
 // are withdrawn at once (Closed), as nothing more is read from it, and its
 // mailbox is sealed: what was posted to it goes out, and a later post is
 // refused (a grant's release given back). Loop only.
