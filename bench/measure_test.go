@@ -197,3 +197,16 @@ func TestTargetsWithoutTheirEvidenceMiss(t *testing.T) {
 		t.Fatalf("targets %v", got)
 	}
 }
+
+// The machine's busy time counts user, nice, system, irq and softirq, not
+// steal, nor guest and guest_nice, which user and nice hold already.
+func TestBusyTicks(t *testing.T) {
+	//            user nice system idle iowait irq softirq steal guest guest_nice
+	line := "cpu  100 10 50 9000 40 3 7 500 60 6"
+	if got, want := busyTicks(line), int64(100+10+50+3+7); got != want {
+		t.Errorf("busyTicks(%q) = %d, want %d", line, got, want)
+	}
+	if got := busyTicks("cpu0 1 2 3 4 5 6"); got != 0 {
+		t.Errorf("a line of one core counted: %d", got)
+	}
+}

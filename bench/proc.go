@@ -98,19 +98,26 @@ func machineCPU() time.Duration {
 		return 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
+	const clkTck = 100
+	return time.Duration(busyTicks(line)) * time.Second / clkTck
+}
+
+// busyTicks reads /proc/stat's "cpu" line: user, nice, system, irq and
+// softirq; not idle and iowait, not steal (another guest's), not guest and
+// guest_nice (counted in user and nice already).
+func busyTicks(line string) int64 {
 	f := strings.Fields(line)
 	if len(f) < 6 || f[0] != "cpu" {
 		return 0
 	}
 	var busy int64
-	for i, v := range f[1:] {
+	for i, v := range f[1:min(len(f), 8)] {
 		n, _ := strconv.ParseInt(v, 10, 64)
-		if i != 3 && i != 4 { // idle, iowait
+		if i != 3 && i != 4 {
 			busy += n
 		}
 	}
-	const clkTck = 100
-	return time.Duration(busy) * time.Second / clkTck
+	return busy
 }
 
 // selfCPU is this process's CPU time so far.
