@@ -248,19 +248,9 @@ func (s *suite) uncontended(ctx context.Context) error {
 func (s *suite) uncontendedOn(ctx context.Context, sys System) (err error) {
 	p := s.plan
 	var srv *Proc
-	var adminAddr string
 	switch sys {
 	case Ticketd:
-		var extra []string
-		if s.env.Profile {
-			port, perr := freePort()
-			if perr != nil {
-				return perr
-			}
-			adminAddr = "127.0.0.1:" + strconv.Itoa(port)
-			extra = append(extra, "--admin", adminAddr)
-		}
-		srv, err = s.startTicketd(extra...)
+		srv, err = s.startTicketd()
 	case Redis:
 		srv, err = StartRedis(s.env.Redis, 1000+p.Conns)
 	case Echo:
@@ -284,27 +274,6 @@ func (s *suite) uncontendedOn(ctx context.Context, sys System) (err error) {
 		}
 		best = max(best, res.PairsPerSec)
 	}
-	if adminAddr != "" {
-		// Profiling costs the server CPU: it gets a run of its own at the
-		// deepest pipeline, kept out of the table, so that every measured
-		// row is taken the same way for every system.
-		l := base
-		l.Depth, l.Duration = slices.Max(p.Depths), p.Duration
-		l.Label = fmt.Sprintf("uncontended %s depth %d, profiled (not in the table)", sys, l.Depth)
-		l.Progress = s.env.Log
-		fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
-		prof := make(chan error, 1)
-		go func() { prof <- s.captureCPU(ctx, adminAddr, p.Warmup, p.Duration) }()
-		if _, err := Run(ctx, l); err != nil {
-			return err
-		}
-		if perr := <-prof; perr != nil {
-			s.rep.Errors = append(s.rep.Errors, "profile: "+perr.Error())
-		}
-		if perr := s.captureAfter(adminAddr); perr != nil {
-			s.rep.Errors = append(s.rep.Errors, "profile: "+perr.Error())
-		}
-	}
 	for _, f := range p.OpenFractions {
 		l := base
 		l.Rate, l.Depth, l.Duration = f*best, 256, p.OpenDuration
@@ -312,6 +281,46 @@ func (s *suite) uncontendedOn(ctx context.Context, sys System) (err error) {
 		if _, err := s.run(ctx, ScenarioUncontended, srv, l); err != nil {
 			return err
 		}
+	}
+	if sys == Ticketd && s.env.Profile {
+		return s.profiled(ctx, base)
+	}
+	return nil
+}
+
+// profiled runs the deepest pipeline once more on a ticketd of its own,
+// with --admin, and saves its profiles and metrics. Kept out of the table,
+// and off the measured server: profiling costs the server CPU, and --admin
+// turns on the per-batch latency observer, so that every measured row is
+// taken the same way for every system.
+func (s *suite) profiled(ctx context.Context, base Load) (err error) {
+	p := s.plan
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	adminAddr := "127.0.0.1:" + strconv.Itoa(port)
+	srv, err := s.startTicketd("--admin", adminAddr)
+	if err != nil {
+		return err
+	}
+	defer stopInto(&err, srv)
+	l := base
+	l.Addr = srv.Addr
+	l.Depth, l.Duration = slices.Max(p.Depths), p.Duration
+	l.Label = fmt.Sprintf("uncontended %s depth %d, profiled (not in the table)", Ticketd, l.Depth)
+	l.Progress = s.env.Log
+	fmt.Fprintf(s.env.Log, "-> %s\n", l.Label)
+	prof := make(chan error, 1)
+	go func() { prof <- s.captureCPU(ctx, adminAddr, p.Warmup, p.Duration) }()
+	if _, err := Run(ctx, l); err != nil {
+		return err
+	}
+	if perr := <-prof; perr != nil {
+		s.rep.Errors = append(s.rep.Errors, "profile: "+perr.Error())
+	}
+	if perr := s.captureAfter(adminAddr); perr != nil {
+		s.rep.Errors = append(s.rep.Errors, "profile: "+perr.Error())
 	}
 	return nil
 }
