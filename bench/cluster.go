@@ -175,7 +175,9 @@ func (s *suite) clusterTicketd(ctx context.Context, cr *ClusterReport) (err erro
 			err = serr
 		}
 	}()
-	settleLeaders(c, p.ClusterShards, time.Second, 15*time.Second)
+	if !settleLeaders(c, p.ClusterShards, time.Second, 15*time.Second) {
+		s.rep.Errors = append(s.rep.Errors, "cluster: the shards' leaders did not settle within 15s of the start; the runs went on")
+	}
 	terms0 := elections(c)
 	cr.Leaders = c.Leaders()
 	cr.LeadersPerNode = map[int]int{}
@@ -212,7 +214,9 @@ func (s *suite) clusterTicketd(ctx context.Context, cr *ClusterReport) (err erro
 	if cr.Rejoin, err = s.rejoin(ctx, c, cr.CleanStop.Killed); err != nil {
 		return err
 	}
-	settleLeaders(c, p.ClusterShards, time.Second, 30*time.Second)
+	if !settleLeaders(c, p.ClusterShards, time.Second, 30*time.Second) {
+		s.rep.Errors = append(s.rep.Errors, "cluster: the shards' leaders did not settle within 30s of the rejoin; the kill -9 went on")
+	}
 	cr.Failover, err = s.failover(ctx, c, false, nil)
 	return err
 }
@@ -236,8 +240,8 @@ func elections(c *serverproc.Cluster) int {
 // settleLeaders waits until the logs name a leader for every shard, no node
 // leads more than its share (leaders are moved to spread them after a
 // start, a few seconds apart when a move fails) and no leader changed for
-// quiet; at most for limit.
-func settleLeaders(c *serverproc.Cluster, shards int, quiet, limit time.Duration) {
+// quiet; at most for limit. false if they did not settle by then.
+func settleLeaders(c *serverproc.Cluster, shards int, quiet, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
 	share := (shards + len(c.Nodes) - 1) / len(c.Nodes)
 	last, since := -1, time.Now()
@@ -253,11 +257,12 @@ func settleLeaders(c *serverproc.Cluster, shards int, quiet, limit time.Duration
 				most = max(most, per[nd])
 			}
 			if most <= share {
-				return
+				return true
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return false
 }
 
 // failover kills (clean: stops with SIGTERM), under steady load spread over
@@ -300,6 +305,9 @@ func (s *suite) failover(ctx context.Context, c *serverproc.Cluster, clean bool,
 			nd.Proc.Kill()
 		} else if err := nd.Proc.Stop(30 * time.Second); err != nil {
 			fmt.Fprintf(s.env.Log, "   node %d: %v\n", nd.ID, err)
+			s.rep.Errors = append(s.rep.Errors, fmt.Sprintf("cluster: the clean stop of node %d: %v", nd.ID, err))
+		} else if code := nd.Proc.ExitCode(); code != 0 {
+			s.rep.Errors = append(s.rep.Errors, fmt.Sprintf("cluster: the clean stop of node %d ended with %s: its figures are of a stop that was not clean", nd.ID, nd.Proc.ExitState()))
 		}
 	})
 	if err != nil {
