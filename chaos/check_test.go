@@ -372,9 +372,10 @@ func TestCheckCrashEndsWhenTheProcessDied(t *testing.T) {
 	}
 }
 
-// The crash grace runs from when the process died: it may have raised its
-// stored lease ceiling until then, however long after the kill was sent.
-func TestCheckCrashGraceFromTheKill(t *testing.T) {
+// Single mode's crash grace is counted from the restart (End), which does
+// not trust its wall clock: T answers to a free key are allowed until the
+// restart plus the longest lease and the lease step, and flagged after.
+func TestCheckCrashGraceFromTheRestart(t *testing.T) {
 	build := func(tAt int64) *hist {
 		b := newHist()
 		b.acq(1, "k", 100, 0, 1, ResGranted, 1)
@@ -384,11 +385,11 @@ func TestCheckCrashGraceFromTheKill(t *testing.T) {
 		return b
 	}
 	cfg := CheckConfig{Mode: "single", MaxLease: ms(5000)}
-	// 400 + 5000 + 2000 ms of lease ceiling step, and a few ms.
-	if r := Check(build(7200).h, cfg); r.Failed() {
+	// 900 + 5000 + 2000 ms of lease ceiling step, and a few ms.
+	if r := Check(build(7850).h, cfg); r.Failed() {
 		t.Fatalf("T within the grace flagged: %v", r.Violations)
 	}
-	if r := Check(build(7500).h, cfg); len(r.Violations) == 0 {
+	if r := Check(build(8000).h, cfg); len(r.Violations) == 0 {
 		t.Fatal("T after the grace not flagged")
 	}
 }
@@ -477,5 +478,32 @@ func TestGapsGrantsAgainWithNothingAsked(t *testing.T) {
 	b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
 	if g := Gaps(b.h, 8)[0]; g.GrantsBack != -2 {
 		t.Errorf("nothing asked after the fault: grants again %v, want -2 (not measured)", g.GrantsBack)
+	}
+}
+
+// A clean restart in single mode moves the leases it restores by up to its
+// own length: T answers to the held key are allowed that much past the
+// lease's end, and a grant there is not a violation either.
+func TestCheckCleanRestartMovesLeases(t *testing.T) {
+	build := func(tAt int64, res string) *hist {
+		b := newHist()
+		b.acq(1, "k", 2000, 0, 1, ResGranted, 1) // lease to 2 s
+		b.h.Events = append(b.h.Events, &Event{Start: ms(500), End: ms(1500), Kind: EvRestart})
+		if res == ResGranted {
+			b.acq(2, "k", 1000, tAt, tAt+1, ResGranted, 2)
+		} else {
+			b.acq(2, "k", 1000, tAt, tAt+1, ResTimedOut, 0)
+		}
+		return b
+	}
+	cfg := CheckConfig{Mode: "single", MaxLease: ms(5000)}
+	if r := Check(build(2800, ResTimedOut).h, cfg); r.Failed() {
+		t.Fatalf("T within the lease moved by the restart flagged: %v", r.Violations)
+	}
+	if r := Check(build(2100, ResGranted).h, cfg); r.Failed() {
+		t.Fatalf("a grant after the lease, within what the restart may add, flagged: %v", r.Violations)
+	}
+	if r := Check(build(3100, ResTimedOut).h, cfg); len(r.Violations) == 0 {
+		t.Fatal("T after the lease and all the restart may add not flagged")
 	}
 }

@@ -36,8 +36,11 @@ const lostMargin = int64(100 * time.Millisecond)
 
 // crashGrace: after a kill -9 in single mode, no key is granted before the
 // lease ceiling stored before the process died, which runs up to 2 s (the
-// server's lease step) past the latest deadline it granted; plus a few ms
-// between the server's clock readings and the campaign's.
+// server's lease step) past the latest deadline it granted, nor before what
+// that ceiling had left at its write, counted from the restart (the
+// restart does not trust its wall clock): up to the longest lease plus 2 s
+// from the restart; plus a few ms between the server's clock readings and
+// the campaign's.
 const crashGrace = int64(2*time.Second + 10*time.Millisecond)
 
 type lockState struct {
@@ -50,16 +53,23 @@ type lockState struct {
 	forgotten  bool   // single mode: the server lost this holder in a crash; its lease still binds
 	last       uint64 // largest token known granted
 	graceUntil int64  // single mode: after a crash, free keys may answer T until then
-	now        int64  // the latest call among the operations placed so far
+	// ext: single mode, how much later than its lease the holder may be
+	// held, by clean restarts since its grant (the server moves each lease
+	// by the time from the stop's state write to the start, at most the
+	// restart's length): T answers are allowed that long; a grant over it
+	// is not required to wait for it.
+	ext int64
+	now int64 // the latest call among the operations placed so far
 }
 
 type lockIn struct {
-	kind      byte // 'A', 'R', 'C' (crash: from the kill's send until the process had died)
+	kind      byte // 'A', 'R', 'C' (crash: from the kill's send until the process had died), 'S' (clean restart: from SIGTERM until it listened again)
 	token     uint64
 	lease     int64
 	call, ret int64
 	lost      int64 // Op.LostAt
 	until     int64 // a grant's hold cannot end before this (holds.clientEnd; 0: none)
+	restarted int64 // 'C': when the node listened again (0: not recorded)
 	op        *Op
 }
 
@@ -100,7 +110,7 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 		if !single || s.holder == ghost {
 			return true // cluster: held until a committed Expire, whenever that is
 		}
-		return at < satAdd(s.hRet, s.lease)
+		return at < satAdd(satAdd(s.hRet, s.lease), s.ext)
 	}
 	step := func(st, inp, outp any) []any {
 		s, in, out := st.(lockState), inp.(lockIn), outp.(lockOut)
@@ -117,7 +127,16 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 			if n.holder != 0 {
 				n.forgotten = true
 			}
-			n.graceUntil = max(n.graceUntil, satAdd(in.ret, cfg.MaxLease+crashGrace))
+			n.graceUntil = max(n.graceUntil, satAdd(max(in.ret, in.restarted), cfg.MaxLease+crashGrace))
+			return []any{n}
+		case 'S':
+			n := same
+			if n.holder != 0 {
+				n.ext = satAdd(n.ext, in.ret-in.call)
+			}
+			if n.graceUntil > in.call {
+				n.graceUntil = satAdd(n.graceUntil, in.ret-in.call)
+			}
 			return []any{n}
 		case 'A':
 			canGrant := s.holder == 0 || canEnd(s, in.ret)
@@ -188,6 +207,9 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 		Step: step,
 		DescribeOperation: func(inp, outp any) string {
 			in, out := inp.(lockIn), outp.(lockOut)
+			if in.op == nil && in.kind == 'S' {
+				return "clean restart"
+			}
 			if in.op == nil {
 				return "crash"
 			}
@@ -238,7 +260,13 @@ func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashe
 		if len(lh) > 1 {
 			for _, c := range crashes {
 				lh = append(lh, porcupine.Operation{ClientId: -1, Call: c.Start, Return: c.killed(),
-					Input: lockIn{kind: 'C', call: c.Start, ret: c.killed()}, Output: lockOut{}})
+					Input: lockIn{kind: 'C', call: c.Start, ret: c.killed(), restarted: c.End}, Output: lockOut{}})
+			}
+			for _, e := range h.Events {
+				if cfg.Mode == "single" && e.Kind == EvRestart && e.End > e.Start {
+					lh = append(lh, porcupine.Operation{ClientId: -1, Call: e.Start, Return: e.End,
+						Input: lockIn{kind: 'S', call: e.Start, ret: e.End}, Output: lockOut{}})
+				}
 			}
 			sort.SliceStable(lh, func(i, j int) bool { return lh[i].Call < lh[j].Call })
 			lockHist = append(lockHist, lh)
