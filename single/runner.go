@@ -146,7 +146,7 @@ type Runner struct {
 	Crashed    bool     // the last run did not shut down cleanly
 	Recovered  []string // recovery: what was damaged; nil otherwise
 	SetAside   []string // recovery: where the damaged files went
-	GraceUntil int64    // crash grace end, unix ns; 0 if none
+	GraceUntil int64    // crash grace end, unix ns, also one a clean shutdown carried over; 0 if none
 	TokenFloor uint64   // tokens start above this
 	// NewDir: the data dir held nothing of an earlier run ("made": it did
 	// not exist; "empty": it did); "" otherwise.
@@ -355,6 +355,13 @@ func (r *Runner) load(ld loaded, now int64) error {
 			}
 			st.LeaseCeil = max(st.LeaseCeil, satAdd(end, leaseStep))
 			r.Shifted = time.Duration(now - ld.st.Written)
+		}
+		if err == nil {
+			for _, p := range r.parts {
+				if g := p.t.Grace(); g > now {
+					r.GraceUntil = max(r.GraceUntil, g) // a crash's, still running
+				}
+			}
 		}
 		if err != nil {
 			damage := fmt.Sprintf("%s holds a table that does not load: %v", snapName, err)
