@@ -63,6 +63,9 @@ run.
 	if len(argv) == 0 {
 		return usageError(stderr, c.name, "no COMMAND given: ticketctl run KEY [FLAGS] -- COMMAND [ARGS...]")
 	}
+	if *grace < 0 {
+		return usageError(stderr, c.name, fmt.Sprintf("--kill-grace %v: must not be negative", *grace))
+	}
 	key := pos[0]
 	if code, ok := c.checkLeaseWait(*lease, *wait, stderr); !ok {
 		return code
