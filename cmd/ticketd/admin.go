@@ -154,12 +154,12 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 	c("ticketd_connections_closed_total", "Connections the server closed: idle, unfinished frame, late answers left unread, or requests sent past the backpressure.", net(func(s netloop.Stats) int64 { return s.FloodClosed }), "why", "flood")
 	c("ticketd_requests_total", "Frames read.", net(func(s netloop.Stats) int64 { return s.Acquires }), "kind", "acquire")
 	c("ticketd_requests_total", "Frames read.", net(func(s netloop.Stats) int64 { return s.Releases }), "kind", "release")
-	c("ticketd_answers_total", "Answers by kind.", net(func(s netloop.Stats) int64 { return s.BadFrames }), "kind", "E")
-	c("ticketd_answers_total", "Answers by kind.", tab(func(s shard.Stats) uint64 { return s.Grants }), "kind", "A")
-	c("ticketd_answers_total", "Answers by kind.", tab(func(s shard.Stats) uint64 { return s.TimedOut }), "kind", "T")
-	c("ticketd_answers_total", "Answers by kind.", tab(func(s shard.Stats) uint64 { return s.Busy }), "kind", "B")
-	c("ticketd_answers_total", "Answers by kind.", tab(func(s shard.Stats) uint64 { return s.Released }), "kind", "R")
-	c("ticketd_answers_total", "Answers by kind.", tab(func(s shard.Stats) uint64 { return s.NotReleased }), "kind", "N")
+	c("ticketd_answers_total", "Answers by kind. Cluster mode: A, T, B, R and N count what the shards applied, alike on every node (the cluster's answers, not this node's); E counts bad frames (not E unavailable).", net(func(s netloop.Stats) int64 { return s.BadFrames }), "kind", "E")
+	c("ticketd_answers_total", "Answers by kind. Cluster mode: A, T, B, R and N count what the shards applied, alike on every node (the cluster's answers, not this node's); E counts bad frames (not E unavailable).", tab(func(s shard.Stats) uint64 { return s.Grants }), "kind", "A")
+	c("ticketd_answers_total", "Answers by kind. Cluster mode: A, T, B, R and N count what the shards applied, alike on every node (the cluster's answers, not this node's); E counts bad frames (not E unavailable).", tab(func(s shard.Stats) uint64 { return s.TimedOut }), "kind", "T")
+	c("ticketd_answers_total", "Answers by kind. Cluster mode: A, T, B, R and N count what the shards applied, alike on every node (the cluster's answers, not this node's); E counts bad frames (not E unavailable).", tab(func(s shard.Stats) uint64 { return s.Busy }), "kind", "B")
+	c("ticketd_answers_total", "Answers by kind. Cluster mode: A, T, B, R and N count what the shards applied, alike on every node (the cluster's answers, not this node's); E counts bad frames (not E unavailable).", tab(func(s shard.Stats) uint64 { return s.Released }), "kind", "R")
+	c("ticketd_answers_total", "Answers by kind. Cluster mode: A, T, B, R and N count what the shards applied, alike on every node (the cluster's answers, not this node's); E counts bad frames (not E unavailable).", tab(func(s shard.Stats) uint64 { return s.NotReleased }), "kind", "N")
 	c("ticketd_late_answers_total", "Answers written through a connection's mailbox (decided off its loop).", net(func(s netloop.Stats) int64 { return s.LateAnswers }))
 	c("ticketd_orphaned_grants_total", "Grants released because their connection had closed.", net(func(s netloop.Stats) int64 { return s.Orphans }))
 	g("ticketd_keys", "Registered keys.", tab(func(s shard.Stats) uint64 { return uint64(s.Keys) }))
@@ -190,6 +190,17 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 	}
 	a.mu.Lock()
 	a.readyOK = true
+	a.mu.Unlock()
+}
+
+// unready marks the server not ready, as it starts to stop: load balancers
+// that poll /readyz move clients away before the lock port closes.
+func (a *admin) unready() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.readyOK = false
 	a.mu.Unlock()
 }
 

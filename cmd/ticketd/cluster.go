@@ -75,6 +75,7 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 		return nil
 	}
 	c.peers = make(map[uint32]string)
+	addrs := make(map[string]uint32)
 	for _, p := range strings.Split(c.peersFlag, ",") {
 		id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
 		n, err := strconv.ParseUint(id, 10, 32)
@@ -87,6 +88,12 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 		if _, dup := c.peers[uint32(n)]; dup {
 			return bad("peers", "node %d named twice", n)
 		}
+		// Caught here, not by Dragonboat: it panics on one, after the
+		// data dir has recorded the list.
+		if other, dup := addrs[addr]; dup {
+			return bad("peers", "nodes %d and %d have the same address %s", other, n, addr)
+		}
+		addrs[addr] = uint32(n)
 		c.peers[uint32(n)] = addr
 	}
 	if len(c.peers) < 3 || len(c.peers)%2 == 0 {

@@ -156,7 +156,9 @@ func (c *config) validate() error {
 	if c.loops < 0 || c.loops > 1024 {
 		return bad("loops", "%d is not between 0 and 1024", c.loops)
 	}
-	if err := c.level.UnmarshalText([]byte(c.logLevel)); err != nil {
+	// zap reads dpanic, panic and fatal too; at those even the line that
+	// says why a start failed is not written.
+	if err := c.level.UnmarshalText([]byte(c.logLevel)); err != nil || c.level > zapcore.ErrorLevel {
 		return bad("log-level", "%q is not debug, info, warn or error", c.logLevel)
 	}
 	if c.logFormat != "console" && c.logFormat != "json" {

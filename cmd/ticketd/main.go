@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"syscall"
@@ -101,6 +102,14 @@ type backend interface {
 	Stats() shard.Stats
 }
 
+// absDir is dir made absolute for the log ("" and errors: dir as given).
+func absDir(dir string) string {
+	if a, err := filepath.Abs(dir); err == nil {
+		return a
+	}
+	return dir
+}
+
 func serve(cfg *config, log *zap.Logger) error {
 	// First of all: a SIGTERM that came while the data dir is open, with
 	// the default action, would end the process after the open took a
@@ -110,6 +119,17 @@ func serve(cfg *config, log *zap.Logger) error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sig)
+	// SIGHUP's default action ends the process at once, a crash to the
+	// next start (a closed terminal, an operator's habitual "reload").
+	// ticketd reloads nothing: it says so and goes on.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			log.Warn("SIGHUP ignored: ticketd reloads nothing; SIGTERM stops it cleanly")
+		}
+	}()
 	adm, err := startAdmin(cfg, log)
 	if err != nil {
 		return err
@@ -138,6 +158,12 @@ func serve(cfg *config, log *zap.Logger) error {
 	// Loops keep their threads in single mode, where it was measured (the
 	// depth-1 p99). In cluster mode the raft log's fsync makes the tail.
 	lockThreads := !cfg.cluster.enabled()
+	// gnet's own logs from warn up; zap refuses (on stderr, in no format)
+	// to "increase" a level that is already higher.
+	gnetLog := log.Named("gnet")
+	if cfg.level < zapcore.WarnLevel {
+		gnetLog = gnetLog.WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
+	}
 	srv, err := netloop.New(netloop.Config{
 		Backend:      runner,
 		Limits:       codec.Limits{MaxLeaseMs: ms(cfg.maxLease), MaxWaitMs: ms(cfg.maxWait)},
@@ -146,7 +172,7 @@ func serve(cfg *config, log *zap.Logger) error {
 		SendBuffer:   cfg.sendBuffer,
 		Loops:        cfg.loops,
 		LockThreads:  lockThreads,
-		Logger:       log.Named("gnet").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)),
+		Logger:       gnetLog,
 		Latency:      adm.latency(),
 		IdleTimeout:  cfg.idleTimeout,
 		FrameTimeout: cfg.frameTimeout,
@@ -183,6 +209,7 @@ func serve(cfg *config, log *zap.Logger) error {
 	case <-runner.Failed():
 		failed = true // the runner logged why
 	}
+	adm.unready()
 	// Still caught: a second Ctrl-C or SIGTERM (an impatient operator, a
 	// supervisor that signals twice) must not end the process before the
 	// snapshot is written. The shutdown is bounded by --shutdown-timeout;
@@ -269,13 +296,20 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 		log.Warn("last run did not shut down cleanly",
 			zap.Uint64("tokens_above", runner.TokenFloor),
 			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
+	case runner.Clean && runner.GraceUntil != 0:
+		// A crash's grace that was still running goes on: every key not
+		// restored is answered as held until then.
+		log.Warn("restored locks from clean shutdown, within an earlier crash's grace", zap.Int("keys", runner.Restored),
+			zap.Duration("leases_moved_later_by", runner.Shifted),
+			zap.Time("no_grants_before", time.Unix(0, runner.GraceUntil)))
 	case runner.Clean:
 		log.Info("restored locks from clean shutdown", zap.Int("keys", runner.Restored),
 			zap.Duration("leases_moved_later_by", runner.Shifted))
 	case runner.NewDir == "made":
-		// Said, so that a typo in --data-dir shows: the server then starts
-		// with no locks and tokens from 1, as on its first start.
-		log.Info("new data dir: made it; no locks or tokens of an earlier run", zap.String("data_dir", cfg.dataDir))
+		// Said, and loud, so that a typo in --data-dir, or a relative one
+		// read from another working directory, shows: the server then
+		// starts with no locks and tokens from 1, as on its first start.
+		log.Warn("new data dir: made it; no locks or tokens of an earlier run", zap.String("data_dir", absDir(cfg.dataDir)))
 	case runner.NewDir == "empty":
 		log.Warn("new data dir: it was empty; no locks or tokens of an earlier run (if this server ran before, its data dir is elsewhere: a disk that did not mount?)",
 			zap.String("data_dir", cfg.dataDir))
