@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -1079,4 +1080,25 @@ func TestClusterNodeRestartedWithOtherLimitsStops(t *testing.T) {
 	c.opt.MaxKeys = 0
 	c.start(2) // with the limits the cluster has
 	c.waitReady()
+}
+
+// A node started with another raft address than its data dir's is refused
+// with a message that says so: Dragonboat's own reads like a file
+// permission problem.
+func TestNodeWithAnotherRaftAddressIsRefusedSayingWhy(t *testing.T) {
+	c := newStoppedCluster(t, 1, nil)
+	c.start(0)
+	c.stop(0)
+	opt := c.options(1, c.dirs[0])
+	peers := maps.Clone(c.peers)
+	peers[1] = freePort(t)
+	opt.Peers = peers
+	n, err := Start(opt)
+	if err == nil {
+		n.Close()
+		t.Fatal("started with another raft address")
+	}
+	if !strings.Contains(err.Error(), "another raft address than this node's in --peers") {
+		t.Fatalf("the error does not say why: %v", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -344,6 +345,12 @@ func Start(opt Options) (*Node, error) {
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		dir.close()
+		if strings.Contains(err.Error(), "not the owner of the data directory") {
+			// Dragonboat's words read like a file permission problem.
+			return nil, fmt.Errorf("cannot start the raft node host in %q: its raft state belongs to another raft address than this node's in --peers (%s): "+
+				"start it with the address it had, or bring the node back at the new one as a replacement with an empty data dir (README: replacing a node): %w",
+				nhc.NodeHostDir, nhc.RaftAddress, err)
+		}
 		return nil, fmt.Errorf("cannot start the raft node host in %q: %w", nhc.NodeHostDir, err)
 	}
 	n.nh = nh
