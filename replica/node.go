@@ -815,14 +815,19 @@ func sinceMono(t int64) time.Duration {
 }
 
 // logGiveUp says why a batch's connections get E unavailable, once a
-// second per shard at most: a partition fails every batch.
-func (g *group) logGiveUp(waited, leaderless time.Duration) {
+// second per shard at most: a partition fails every batch. A proposal of
+// no request (a notice, a probe) answers nobody, and says so.
+func (g *group) logGiveUp(waited, leaderless time.Duration, requests bool) {
 	now := monoNow()
 	last := g.gaveUpLog.Load()
 	if last != 0 && now-last < int64(time.Second) || !g.gaveUpLog.CompareAndSwap(last, now) {
 		return
 	}
-	g.n.log.Warn("answering E unavailable: a proposal could not commit",
+	msg := "answering E unavailable: a proposal could not commit"
+	if !requests {
+		msg = "a proposal without requests (a settings notice, a probe) could not commit"
+	}
+	g.n.log.Warn(msg,
 		zap.Int("shard", g.idx), zap.Duration("waited", waited),
 		zap.Duration("no_leader_for", leaderless), zap.Uint64("leader", g.leader.Load()))
 }
@@ -1258,7 +1263,7 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 			n.stats.retries.Add(1)
 			waited, leaderless := time.Since(start), g.leaderlessFor()
 			if waited > n.opt.UnavailableTimeout || leaderless > n.opt.LeaderlessTimeout {
-				g.logGiveUp(waited, leaderless)
+				g.logGiveUp(waited, leaderless, h.count > 0)
 				return false, true
 			}
 		}
