@@ -815,8 +815,8 @@ func sinceMono(t int64) time.Duration {
 }
 
 // logGiveUp says why a batch's connections get E unavailable, once a
-// second per shard at most: a partition fails every batch. A proposal of
-// no request (a notice, a probe) answers nobody, and says so.
+// second per shard at most: a partition fails every batch. A notice (of
+// settings, of a hand-over) answers nobody, and says so.
 func (g *group) logGiveUp(waited, leaderless time.Duration, requests bool) {
 	now := monoNow()
 	last := g.gaveUpLog.Load()
@@ -825,7 +825,7 @@ func (g *group) logGiveUp(waited, leaderless time.Duration, requests bool) {
 	}
 	msg := "answering E unavailable: a proposal could not commit"
 	if !requests {
-		msg = "a proposal without requests (a settings notice, a probe) could not commit"
+		msg = "a notice (of settings or a hand-over) could not commit; no connection is answered for it"
 	}
 	g.n.log.Warn(msg,
 		zap.Int("shard", g.idx), zap.Duration("waited", waited),
@@ -1263,7 +1263,7 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 			n.stats.retries.Add(1)
 			waited, leaderless := time.Since(start), g.leaderlessFor()
 			if waited > n.opt.UnavailableTimeout || leaderless > n.opt.LeaderlessTimeout {
-				g.logGiveUp(waited, leaderless, h.count > 0)
+				g.logGiveUp(waited, leaderless, !h.notice())
 				return false, true
 			}
 		}
