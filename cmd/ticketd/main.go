@@ -216,7 +216,7 @@ func serve(cfg *config, log *zap.Logger) error {
 	// SIGKILL remains for whoever cannot wait.
 	go func() {
 		for s := range sig {
-			log.Warn("already shutting down; the process exits once the lock table is saved (at most --shutdown-timeout)",
+			log.Warn("already shutting down; the process exits once the shutdown is done (at most --shutdown-timeout)",
 				zap.String("signal", s.String()), zap.Duration("shutdown_timeout", cfg.shutdownTimeout))
 		}
 	}()
@@ -240,6 +240,9 @@ func serve(cfg *config, log *zap.Logger) error {
 			return err
 		}
 	case <-time.After(cfg.shutdownTimeout + time.Second):
+		if cfg.cluster.enabled() {
+			return fmt.Errorf("shutdown did not finish within --shutdown-timeout %v; exiting (the raft log keeps what was committed)", cfg.shutdownTimeout)
+		}
 		return fmt.Errorf("shutdown did not finish within --shutdown-timeout %v; exiting without a snapshot (the next start recovers as after a crash)", cfg.shutdownTimeout)
 	}
 	log.Info("stopped cleanly")
