@@ -111,6 +111,10 @@ func (c *clusterFlags) validate(bad func(flag, format string, args ...any) error
 	if c.raftRTT < time.Millisecond {
 		return bad("raft-rtt", "%v must be at least 1ms", c.raftRTT)
 	}
+	if c.raftRTT%time.Millisecond != 0 {
+		// Dragonboat counts it in whole ms: 1500us would be 1ms.
+		return bad("raft-rtt", "%v is not a whole number of milliseconds", c.raftRTT)
+	}
 	if c.electionRTT < 5 {
 		return bad("election-rtt", "%d must be at least 5", c.electionRTT)
 	}

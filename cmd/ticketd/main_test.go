@@ -85,6 +85,10 @@ func TestDurationFlags(t *testing.T) {
 		!strings.Contains(err.Error(), "bootstrap") {
 		t.Errorf("--bootstrap --join: %v; want an error naming --bootstrap", err)
 	}
+	peers := []string{"--peers", "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3", "--node-id", "1", "--bootstrap"}
+	if _, err := parseConfig(append(peers, "--raft-rtt", "1500us"), io.Discard); err == nil || !strings.Contains(err.Error(), "raft-rtt") {
+		t.Errorf("--raft-rtt 1500us: %v; want an error naming it (Dragonboat counts whole ms)", err)
+	}
 	for _, args := range [][]string{
 		{"--peers", ""}, // single mode, asked for by name
 		{"--max-lease", "720h"},
