@@ -123,6 +123,10 @@ func Run(cfg Config) (*Outcome, error) {
 				out.Skipped = append(out.Skipped, fmt.Sprintf("nemesis %s: not available in %s mode here", n, cfg.Mode))
 			}
 		}
+		if len(ok) == 0 {
+			// A campaign without a fault would pass and say "no violation".
+			return nil, fmt.Errorf("none of the nemeses asked for can run: %s", strings.Join(out.Skipped, "; "))
+		}
 		nems = ok
 	}
 
