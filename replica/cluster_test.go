@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ticketd/ticketd/internal/fscktest"
 	"github.com/ticketd/ticketd/internal/serverproc"
@@ -1100,5 +1102,24 @@ func TestNodeWithAnotherRaftAddressIsRefusedSayingWhy(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "another raft address than this node's in --peers") {
 		t.Fatalf("the error does not say why: %v", err)
+	}
+}
+
+// --join on a data dir that has the node's raft state is ignored, and said
+// so, as --bootstrap is.
+func TestJoinOnADataDirWithStateIsIgnoredSayingSo(t *testing.T) {
+	c := newStoppedCluster(t, 1, nil)
+	c.start(0)
+	c.stop(0)
+	opt := c.options(1, c.dirs[0])
+	core, logs := observer.New(zap.WarnLevel)
+	opt.Logger, opt.Join, opt.Bootstrap = zap.New(core), true, false
+	n, err := Start(opt)
+	if err != nil {
+		t.Fatalf("--join on a data dir with state: %v", err)
+	}
+	defer n.Close()
+	if logs.FilterMessageSnippet("--join ignored").Len() == 0 {
+		t.Fatalf("--join on a data dir with state said nothing: %v", logs.All())
 	}
 }

@@ -318,6 +318,10 @@ func Start(opt Options) (*Node, error) {
 		opt.Logger.Warn("--bootstrap ignored: the data dir has this node's raft state; leave the flag out of later starts, so that one on an empty data dir is refused",
 			zap.String("data_dir", opt.DataDir))
 	}
+	if opt.Join && !dir.fresh {
+		opt.Logger.Warn("--join ignored: the data dir has this node's raft state, and the node goes on as the member it is; leave the flag out of later starts",
+			zap.String("data_dir", opt.DataDir))
+	}
 	n := &Node{
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
 		reach: make(map[string]bool), reachSince: make(map[string]time.Time), reconnected: make(map[string]bool),
