@@ -10,12 +10,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/ticketd/ticketd/codec"
 )
@@ -55,14 +53,7 @@ func TestInputOfAConnectionPausedAtMaxInflightIsBounded(t *testing.T) {
 	b := &lateBackend{}
 	const maxInflight = 64
 	s, addr := startServer(t, Config{Backend: b, MaxInflight: maxInflight, SendBuffer: 4 << 10, Loops: 1})
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<10) })
-	}}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
+	c := dialSmallReceive(t, addr)
 	var sc *Conn
 	waitFor(t, func() bool { s.reg.each(func(x *Conn) { sc = x }); return sc != nil })
 
