@@ -408,28 +408,37 @@ func TestSnapshotBackAfterItsLoadIsNotLoaded(t *testing.T) {
 	}
 }
 
-// earlierFormat rewrites dir's snapshot in the format from before
-// snapshots named their state's Seq, and, with earlierState, the state as
-// a version of that time wrote it (without SeqSnaps).
-func earlierFormat(t *testing.T, dir string, earlierState bool) state {
+// rewriteSnapshot puts dir's snapshot table back under the header that
+// header makes of it (the table and the Seq it names).
+func rewriteSnapshot(t *testing.T, dir string, header func(blob []byte, seq uint64) []byte) {
 	t.Helper()
 	p := filepath.Join(dir, snapName)
 	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	blob, _, _, err := decodeSnapshot(b)
+	blob, seq, _, err := decodeSnapshot(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := make([]byte, snapHeader1, snapHeader1+len(blob))
-	copy(old, snapMagic1)
-	binary.BigEndian.PutUint64(old[8:], uint64(len(blob)))
-	binary.BigEndian.PutUint32(old[16:], crc32.Checksum(blob, castagnoli))
-	if err := os.WriteFile(p, append(old, blob...), 0o644); err != nil {
+	if err := os.WriteFile(p, append(header(blob, seq), blob...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err = os.ReadFile(filepath.Join(dir, stateName))
+}
+
+// earlierFormat rewrites dir's snapshot in the format from before
+// snapshots named their state's Seq, and, with earlierState, the state as
+// a version of that time wrote it (without SeqSnaps).
+func earlierFormat(t *testing.T, dir string, earlierState bool) state {
+	t.Helper()
+	rewriteSnapshot(t, dir, func(blob []byte, _ uint64) []byte {
+		old := make([]byte, snapHeader1)
+		copy(old, snapMagic1)
+		binary.BigEndian.PutUint64(old[8:], uint64(len(blob)))
+		binary.BigEndian.PutUint32(old[16:], crc32.Checksum(blob, castagnoli))
+		return old
+	})
+	b, err := os.ReadFile(filepath.Join(dir, stateName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -839,23 +848,14 @@ func TestSnapshotOfAnotherDataDirIsNotLoaded(t *testing.T) {
 // state (an upgrade), still loads as a clean shutdown.
 func TestSnapshotOfTheFormatBeforeDirsLoads(t *testing.T) {
 	dir := usedDir(t, true)
-	p := filepath.Join(dir, snapName)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob, seq, _, err := decodeSnapshot(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := make([]byte, snapHeader2, snapHeader2+len(blob))
-	copy(old, snapMagic2)
-	binary.BigEndian.PutUint64(old[8:], uint64(len(blob)))
-	binary.BigEndian.PutUint64(old[20:], seq)
-	binary.BigEndian.PutUint32(old[16:], crc32.Update(crc32.Checksum(old[20:], castagnoli), castagnoli, blob))
-	if err := os.WriteFile(p, append(old, blob...), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rewriteSnapshot(t, dir, func(blob []byte, seq uint64) []byte {
+		old := make([]byte, snapHeader2)
+		copy(old, snapMagic2)
+		binary.BigEndian.PutUint64(old[8:], uint64(len(blob)))
+		binary.BigEndian.PutUint64(old[20:], seq)
+		binary.BigEndian.PutUint32(old[16:], crc32.Update(crc32.Checksum(old[20:], castagnoli), castagnoli, blob))
+		return old
+	})
 	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
