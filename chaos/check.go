@@ -487,13 +487,19 @@ func checkLiveness(h *History, r *CheckResult) {
 		if o.Complete >= 0 || !strings.Contains(o.Why, "client gave up") {
 			continue
 		}
+		// A fault explains the hang only if it began before the client
+		// gave up (LostAt; histories without it: its wait and 15 s).
+		gaveUp := o.LostAt
+		if gaveUp == 0 {
+			gaveUp = o.Invoke + int64(o.WaitMs)*int64(time.Millisecond) + int64(15*time.Second)
+		}
 		faulty := false
 		for _, e := range h.Events {
 			end := e.End
 			if end == 0 {
 				end = math.MaxInt64
 			}
-			if e.Start < o.Invoke+int64(o.WaitMs)*int64(time.Millisecond)+int64(15*time.Second) && end+int64(2*time.Second) > o.Invoke {
+			if e.Start < gaveUp && end+int64(2*time.Second) > o.Invoke {
 				faulty = true
 			}
 		}

@@ -507,3 +507,89 @@ func TestCheckCleanRestartMovesLeases(t *testing.T) {
 		t.Fatal("T after the lease and all the restart may add not flagged")
 	}
 }
+
+// A key that answers T long after its only holder's lease ended is stuck:
+// a cluster ends a lease when its Expire commits, some time after its end,
+// but not never. Flagged once the lease, the skew and the stall have
+// passed with no fault under way within the stall; not before, and not
+// while a fault may hold the Expire up.
+func TestCheckFlagsKeyLeftLockedInCluster(t *testing.T) {
+	build := func(tAt int64, faults ...*Event) *hist {
+		b := newHist()
+		b.h.Events = faults
+		b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+		b.acq(2, "k", 1000, tAt, tAt+1, ResTimedOut, 0)
+		return b
+	}
+	cfg := CheckConfig{Mode: "cluster", Skew: ms(500)}
+	// 1 + 1000 + 500 + 10,000 ms.
+	if r := Check(build(11_400).h, cfg); r.Failed() {
+		t.Errorf("T within the lease, the skew and the stall flagged: %v", r.Violations)
+	}
+	if r := Check(build(11_600).h, cfg); !hasCheck(r, CheckLinearLock) {
+		t.Errorf("T 10 s after the lease and the skew with no fault: want a %q violation, got %v", CheckLinearLock, r.Violations)
+	}
+	if r := Check(build(30_000, &Event{Start: ms(5000), End: ms(25_000), Kind: EvPartition}).h, cfg); r.Failed() {
+		t.Errorf("T 5 s after a partition ended flagged: %v", r.Violations)
+	}
+	if r := Check(build(40_000, &Event{Start: ms(5000), End: ms(25_000), Kind: EvPartition}).h, cfg); !hasCheck(r, CheckLinearLock) {
+		t.Errorf("T 15 s after the last fault ended: want a %q violation, got %v", CheckLinearLock, r.Violations)
+	}
+}
+
+// An acquire whose answer never came may have been granted, but only
+// before its wait ran out (and, in single mode, before its connection was
+// found gone): the T answers it explains end with its lease after that.
+func TestCheckGhostExplainsTOnlyWhileItsLeaseCouldRun(t *testing.T) {
+	build := func(tAt int64) *hist {
+		b := newHist()
+		b.add(&Op{Worker: 2, Kind: 'A', Owner: "o", Key: "k", LeaseMs: 1000, WaitMs: 500, Invoke: ms(0), Result: ResUnknown}).LostAt = ms(100)
+		b.acq(3, "k", 1000, tAt, tAt+1, ResTimedOut, 0)
+		return b
+	}
+	single := CheckConfig{Mode: "single", MaxLease: ms(5000)}
+	// Granted by 100 ms (lost) + 1 s, held 1 s more.
+	if r := Check(build(2000).h, single); hasCheck(r, CheckLinearLock) {
+		t.Errorf("single: T while the unknown grant's lease could run flagged: %v", r.Violations)
+	}
+	if r := Check(build(2200).h, single); !hasCheck(r, CheckLinearLock) {
+		t.Errorf("single: T after the unknown grant's lease: want a %q violation, got %v", CheckLinearLock, r.Violations)
+	}
+	// A cluster: granted by its wait and twice the stall, held its lease,
+	// the skew and the stall more: 500 + 20,000 + 1000 + 10,000 ms.
+	cluster := CheckConfig{Mode: "cluster"}
+	if r := Check(build(31_400).h, cluster); hasCheck(r, CheckLinearLock) {
+		t.Errorf("cluster: T while the unknown grant may be held flagged: %v", r.Violations)
+	}
+	if r := Check(build(31_600).h, cluster); !hasCheck(r, CheckLinearLock) {
+		t.Errorf("cluster: T after the unknown grant's latest end: want a %q violation, got %v", CheckLinearLock, r.Violations)
+	}
+}
+
+// A key asked for once is judged too: T for a key nobody ever held,
+// outside any crash grace, is a key the server lost track of.
+func TestCheckFlagsLoneRefusalOfAFreeKey(t *testing.T) {
+	b := newHist()
+	b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+	b.rel(1, "k", 1, 2, 3, ResReleased)
+	b.acq(2, "lone", 1000, 10, 11, ResTimedOut, 0)
+	checkModes(t, b, CheckLinearLock)
+}
+
+// A request the client gave up on is excused by a fault that began before
+// it gave up, not by one that began after.
+func TestCheckHangExcusedOnlyByAFaultBeforeTheClientGaveUp(t *testing.T) {
+	build := func(faultAt int64) *hist {
+		b := newHist()
+		b.h.Events = []*Event{{Start: ms(faultAt), End: ms(faultAt + 1000), Kind: EvPause}}
+		o := b.acq(1, "k", 1000, 0, 0, ResUnknown, 0)
+		o.Why, o.LostAt = "no answer within 10s; client gave up", ms(10_000)
+		return b
+	}
+	if r := Check(build(5000).h, CheckConfig{Mode: "single", MaxLease: ms(5000)}); hasCheck(r, CheckLiveness) {
+		t.Errorf("a hang with a fault under way flagged: %v", r.Violations)
+	}
+	if r := Check(build(12_000).h, CheckConfig{Mode: "single", MaxLease: ms(5000)}); !hasCheck(r, CheckLiveness) {
+		t.Errorf("a hang whose only fault began after the client gave up: want a %q violation, got %v", CheckLiveness, r.Violations)
+	}
+}

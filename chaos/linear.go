@@ -26,6 +26,15 @@ import (
 // flags only histories no legal execution could produce. (An unknown
 // outcome that never took effect can be placed after everything else,
 // where its call moves nothing.)
+//
+// Where the end of a hold is not known that closely (a cluster ends a lease
+// when its Expire commits; an unknown grant was made at some instant
+// before its connection was found gone, or its wait ran out), a T still
+// needs a holder whose lease could be running: one granted by then
+// (heldBy), its lease, the cluster's skew and the stall the progress check
+// allows, or a fault under way within that stall before the T (an Expire
+// held up by an election, a partition, a paused node). A key left locked
+// for good is flagged in both modes.
 
 const ghost = math.MaxUint64 // a grant whose answer never arrived: token unknown
 
@@ -43,11 +52,36 @@ const lostMargin = int64(100 * time.Millisecond)
 // the campaign's.
 const crashGrace = int64(2*time.Second + 10*time.Millisecond)
 
+// ghostSlack: how long after its call (and its wait) or its connection's
+// loss the server may still carry out an acquire whose answer never came:
+// the time a loaded machine takes to read the request, or to see the
+// close. A paused server's longer delays are faults.
+const ghostSlack = int64(time.Second)
+
+// grantedBy is the latest instant an acquire whose answer never came can
+// have been granted at: before its wait ran out, and in single mode before
+// the server found its connection gone (a queued acquire is then
+// withdrawn). A cluster may commit it that much later again: an attempt
+// commits at most the stall after it was sent (the proposer's unavailable
+// timeout, and a retry's, are shorter), and a node that died with it
+// queued is reaped no sooner.
+func grantedBy(in lockIn, single bool, stall int64) int64 {
+	by := satAdd(in.call, in.wait)
+	if !single {
+		return satAdd(by, 2*stall)
+	}
+	if in.lost > 0 {
+		by = min(by, in.lost)
+	}
+	return satAdd(by, ghostSlack)
+}
+
 type lockState struct {
 	holder     uint64 // 0: free
 	hCall      int64  // earliest instant the holder's grant can have taken effect
 	hRet       int64  // holder's acquire return (MaxInt64 for a ghost)
 	hLost      int64  // a ghost's Op.LostAt (0: not recorded)
+	hBy        int64  // the latest instant the holder's grant can have taken effect
 	lease      int64  // holder's lease, ns
 	hUntil     int64  // holder's hold cannot end before this (the client's rule; 0: none)
 	forgotten  bool   // single mode: the server lost this holder in a crash; its lease still binds
@@ -68,6 +102,7 @@ type lockIn struct {
 	lease     int64
 	call, ret int64
 	lost      int64 // Op.LostAt
+	wait      int64 // an acquire's wait, ns
 	until     int64 // a grant's hold cannot end before this (holds.clientEnd; 0: none)
 	restarted int64 // 'C': when the node listened again (0: not recorded)
 	op        *Op
@@ -85,8 +120,21 @@ func satAdd(a, b int64) int64 {
 	return a + b
 }
 
-func lockModel(cfg CheckConfig) porcupine.Model {
+func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 	single := cfg.Mode == "single"
+	stall := int64(cfg.Stall)
+	if stall == 0 {
+		stall = int64(DefaultStall)
+	}
+	// faultNear: a fault was under way at some instant of the stall before at.
+	faultNear := func(at int64) bool {
+		for _, e := range events {
+			if e.Start <= at && (e.End == 0 || at < satAdd(e.End, stall)) {
+				return true
+			}
+		}
+		return false
+	}
 	// ended: the earliest instant the holder's hold can be over, at its
 	// lease's end; a ghost's also once its connection was gone and it was
 	// released as undeliverable (at any time, if that was not recorded).
@@ -107,10 +155,16 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 		if s.holder == 0 {
 			return false
 		}
-		if !single || s.holder == ghost {
-			return true // cluster: held until a committed Expire, whenever that is
+		if single && s.holder != ghost {
+			return at < satAdd(satAdd(s.hRet, s.lease), s.ext)
 		}
-		return at < satAdd(satAdd(s.hRet, s.lease), s.ext)
+		end := satAdd(satAdd(s.hBy, s.lease), s.ext) // single mode: an unknown grant
+		if !single {
+			// Held until its Expire commits: a skew after its end on the
+			// leader's clock, and whatever a loaded cluster adds.
+			end = satAdd(satAdd(s.hBy, s.lease), cfg.Skew+stall)
+		}
+		return at < end || faultNear(at)
 	}
 	step := func(st, inp, outp any) []any {
 		s, in, out := st.(lockState), inp.(lockIn), outp.(lockOut)
@@ -148,9 +202,9 @@ func lockModel(cfg CheckConfig) porcupine.Model {
 					start = max(start, ended(s))
 				}
 				// Operations placed after it took effect after it did.
-				n := lockState{holder: tok, hCall: start, hRet: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: start}
+				n := lockState{holder: tok, hCall: start, hRet: in.ret, hBy: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: start}
 				if tok == ghost {
-					n.hLost = in.lost
+					n.hLost, n.hBy = in.lost, max(start, grantedBy(in, single, stall))
 				} else {
 					n.last, n.hUntil = tok, in.until
 				}
@@ -235,7 +289,7 @@ func registerModel() porcupine.Model {
 }
 
 func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashes []*Event, hd *holds, cfg CheckConfig, r *CheckResult) {
-	model := lockModel(cfg)
+	model := lockModel(cfg, h.Events)
 	reg := registerModel()
 	var lockHist, regHist [][]porcupine.Operation
 	var lockKeys, regKeys []string
@@ -249,7 +303,7 @@ func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashe
 			switch o.Kind {
 			case 'A', 'R':
 				lh = append(lh, porcupine.Operation{ClientId: o.Worker, Call: o.Invoke, Return: ret,
-					Input: lockIn{kind: o.Kind, token: o.Token, lease: int64(o.LeaseMs) * int64(time.Millisecond), call: o.Invoke, ret: ret, lost: o.LostAt,
+					Input: lockIn{kind: o.Kind, token: o.Token, lease: int64(o.LeaseMs) * int64(time.Millisecond), call: o.Invoke, ret: ret, lost: o.LostAt, wait: int64(o.WaitMs) * int64(time.Millisecond),
 						until: hd.clientEnd(o), op: o},
 					Output: lockOut{res: o.Result, token: o.Token}})
 			case 'W':
@@ -257,7 +311,7 @@ func checkLinearizable(h *History, byKey map[string][]*Op, keys []string, crashe
 					Input: o.Token, Output: o.Result == ResAccepted})
 			}
 		}
-		if len(lh) > 1 {
+		if len(lh) > 0 { // a key's only operation is judged too: a T for a free key
 			for _, c := range crashes {
 				lh = append(lh, porcupine.Operation{ClientId: -1, Call: c.Start, Return: c.killed(),
 					Input: lockIn{kind: 'C', call: c.Start, ret: c.killed(), restarted: c.End}, Output: lockOut{}})
