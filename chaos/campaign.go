@@ -269,6 +269,7 @@ func checkConfig(mode string, h *History) CheckConfig {
 	cfg := CheckConfig{Mode: mode, MaxLease: int64(maxLease) * int64(time.Millisecond), Shards: campaignShards}
 	if mode == "cluster" {
 		cfg.Skew = int64(clusterSkew)
+		cfg.MaxLate = int64(clusterUnavailable + clusterPropose + clusterSkew)
 	}
 	return cfg
 }

@@ -29,6 +29,11 @@ type CheckConfig struct {
 	// Stall bounds, per shard, the time outside faults with requests sent
 	// and no grant or release answered (0: DefaultStall).
 	Stall time.Duration
+	// MaxLate bounds, in a cluster, how long past its end and the skew a
+	// lease is held by a replica that applied its grant late (the
+	// unavailable timeout, one proposal attempt and the skew: replica's
+	// maxLate), in ns (0: Stall).
+	MaxLate int64
 	// Skew is the cluster's --max-clock-skew (ns): while node clocks are
 	// offset, the Go client's dating of waited grants is promised only
 	// within half of it (0: such grants are then not judged by that rule).

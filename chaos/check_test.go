@@ -510,9 +510,9 @@ func TestCheckCleanRestartMovesLeases(t *testing.T) {
 
 // A key that answers T long after its only holder's lease ended is stuck:
 // a cluster ends a lease when its Expire commits, some time after its end,
-// but not never. Flagged once the lease, the skew and the stall have
-// passed with no fault under way within the stall; not before, and not
-// while a fault may hold the Expire up.
+// but not never. Flagged once the lease, the skew, MaxLate and the slack
+// have passed with no fault within afterFault before; not earlier, and not
+// while a fault may still hold the Expire up.
 func TestCheckFlagsKeyLeftLockedInCluster(t *testing.T) {
 	build := func(tAt int64, faults ...*Event) *hist {
 		b := newHist()
@@ -521,19 +521,20 @@ func TestCheckFlagsKeyLeftLockedInCluster(t *testing.T) {
 		b.acq(2, "k", 1000, tAt, tAt+1, ResTimedOut, 0)
 		return b
 	}
-	cfg := CheckConfig{Mode: "cluster", Skew: ms(500)}
-	// 1 + 1000 + 500 + 10,000 ms.
-	if r := Check(build(11_400).h, cfg); r.Failed() {
-		t.Errorf("T within the lease, the skew and the stall flagged: %v", r.Violations)
+	cfg := CheckConfig{Mode: "cluster", Skew: ms(500), MaxLate: ms(6100)}
+	// 1 + 1000 + 500 + 6100 + 1000 ms.
+	if r := Check(build(8500).h, cfg); r.Failed() {
+		t.Errorf("T within the lease, the skew, MaxLate and the slack flagged: %v", r.Violations)
 	}
-	if r := Check(build(11_600).h, cfg); !hasCheck(r, CheckLinearLock) {
-		t.Errorf("T 10 s after the lease and the skew with no fault: want a %q violation, got %v", CheckLinearLock, r.Violations)
+	if r := Check(build(8700).h, cfg); !hasCheck(r, CheckLinearLock) {
+		t.Errorf("T after the lease, the skew, MaxLate and the slack with no fault: want a %q violation, got %v", CheckLinearLock, r.Violations)
 	}
-	if r := Check(build(30_000, &Event{Start: ms(5000), End: ms(25_000), Kind: EvPartition}).h, cfg); r.Failed() {
-		t.Errorf("T 5 s after a partition ended flagged: %v", r.Violations)
+	partition := func() *Event { return &Event{Start: ms(5000), End: ms(25_000), Kind: EvPartition} }
+	if r := Check(build(29_900, partition()).h, cfg); hasCheck(r, CheckLinearLock) {
+		t.Errorf("T 4.9 s after a partition ended flagged: %v", r.Violations)
 	}
-	if r := Check(build(40_000, &Event{Start: ms(5000), End: ms(25_000), Kind: EvPartition}).h, cfg); !hasCheck(r, CheckLinearLock) {
-		t.Errorf("T 15 s after the last fault ended: want a %q violation, got %v", CheckLinearLock, r.Violations)
+	if r := Check(build(30_100, partition()).h, cfg); !hasCheck(r, CheckLinearLock) {
+		t.Errorf("T 5.1 s after the last fault ended: want a %q violation, got %v", CheckLinearLock, r.Violations)
 	}
 }
 
@@ -555,13 +556,14 @@ func TestCheckGhostExplainsTOnlyWhileItsLeaseCouldRun(t *testing.T) {
 	if r := Check(build(2200).h, single); !hasCheck(r, CheckLinearLock) {
 		t.Errorf("single: T after the unknown grant's lease: want a %q violation, got %v", CheckLinearLock, r.Violations)
 	}
-	// A cluster: granted by its wait and twice the stall, held its lease,
-	// the skew and the stall more: 500 + 20,000 + 1000 + 10,000 ms.
-	cluster := CheckConfig{Mode: "cluster"}
-	if r := Check(build(31_400).h, cluster); hasCheck(r, CheckLinearLock) {
+	// A cluster: committed within MaxLate and granted within its wait, plus
+	// the slack; held its lease, MaxLate and the slack more:
+	// 500 + 6100 + 1000 + 1000 + 6100 + 1000 ms.
+	cluster := CheckConfig{Mode: "cluster", MaxLate: ms(6100)}
+	if r := Check(build(15_600).h, cluster); hasCheck(r, CheckLinearLock) {
 		t.Errorf("cluster: T while the unknown grant may be held flagged: %v", r.Violations)
 	}
-	if r := Check(build(31_600).h, cluster); !hasCheck(r, CheckLinearLock) {
+	if r := Check(build(15_800).h, cluster); !hasCheck(r, CheckLinearLock) {
 		t.Errorf("cluster: T after the unknown grant's latest end: want a %q violation, got %v", CheckLinearLock, r.Violations)
 	}
 }

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"sort"
@@ -30,11 +31,11 @@ import (
 // Where the end of a hold is not known that closely (a cluster ends a lease
 // when its Expire commits; an unknown grant was made at some instant
 // before its connection was found gone, or its wait ran out), a T still
-// needs a holder whose lease could be running: one granted by then
-// (heldBy), its lease, the cluster's skew and the stall the progress check
-// allows, or a fault under way within that stall before the T (an Expire
-// held up by an election, a partition, a paused node). A key left locked
-// for good is flagged in both modes.
+// needs a holder whose lease could be running: granted by then (hBy), plus
+// its lease and, in a cluster, the skew, how late a lagging replica may
+// hold it (MaxLate) and clusterSlack; or a fault under way within
+// afterFault before the T (an Expire held up by an election, a partition,
+// a paused node). A key left locked for good is flagged in both modes.
 
 const ghost = math.MaxUint64 // a grant whose answer never arrived: token unknown
 
@@ -52,6 +53,15 @@ const lostMargin = int64(100 * time.Millisecond)
 // the campaign's.
 const crashGrace = int64(2*time.Second + 10*time.Millisecond)
 
+// clusterSlack: how long a cluster may take, on a loaded machine, from a
+// lease's due time on its leader's clock to its Expire's commit.
+const clusterSlack = int64(time.Second)
+
+// afterFault: how long after a fault a cluster may still be electing a
+// leader and committing what the fault held up; a shard's first grant came
+// within 1.5 s of every fault's end in campaign runs.
+const afterFault = int64(5 * time.Second)
+
 // ghostSlack: how long after its call (and its wait) or its connection's
 // loss the server may still carry out an acquire whose answer never came:
 // the time a loaded machine takes to read the request, or to see the
@@ -61,14 +71,13 @@ const ghostSlack = int64(time.Second)
 // grantedBy is the latest instant an acquire whose answer never came can
 // have been granted at: before its wait ran out, and in single mode before
 // the server found its connection gone (a queued acquire is then
-// withdrawn). A cluster may commit it that much later again: an attempt
-// commits at most the stall after it was sent (the proposer's unavailable
-// timeout, and a retry's, are shorter), and a node that died with it
-// queued is reaped no sooner.
-func grantedBy(in lockIn, single bool, stall int64) int64 {
+// withdrawn). A cluster commits an attempt no later than MaxLate after it
+// was sent (the proposer's unavailable timeout, and an abandoned attempt's
+// retry), and grants it within its wait after that.
+func grantedBy(in lockIn, single bool, maxLate int64) int64 {
 	by := satAdd(in.call, in.wait)
 	if !single {
-		return satAdd(by, 2*stall)
+		return satAdd(satAdd(by, maxLate), clusterSlack)
 	}
 	if in.lost > 0 {
 		by = min(by, in.lost)
@@ -122,14 +131,14 @@ func satAdd(a, b int64) int64 {
 
 func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 	single := cfg.Mode == "single"
-	stall := int64(cfg.Stall)
-	if stall == 0 {
-		stall = int64(DefaultStall)
+	maxLate := cfg.MaxLate
+	if maxLate == 0 {
+		maxLate = int64(cmp.Or(cfg.Stall, DefaultStall))
 	}
-	// faultNear: a fault was under way at some instant of the stall before at.
+	// faultNear: a fault was under way within afterFault before at.
 	faultNear := func(at int64) bool {
 		for _, e := range events {
-			if e.Start <= at && (e.End == 0 || at < satAdd(e.End, stall)) {
+			if e.Start <= at && (e.End == 0 || at < satAdd(e.End, afterFault)) {
 				return true
 			}
 		}
@@ -161,8 +170,8 @@ func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 		end := satAdd(satAdd(s.hBy, s.lease), s.ext) // single mode: an unknown grant
 		if !single {
 			// Held until its Expire commits: a skew after its end on the
-			// leader's clock, and whatever a loaded cluster adds.
-			end = satAdd(satAdd(s.hBy, s.lease), cfg.Skew+stall)
+			// leader's clock, later by what a lagging leader applied late.
+			end = satAdd(satAdd(s.hBy, s.lease), cfg.Skew+maxLate+clusterSlack)
 		}
 		return at < end || faultNear(at)
 	}
@@ -204,7 +213,7 @@ func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 				// Operations placed after it took effect after it did.
 				n := lockState{holder: tok, hCall: start, hRet: in.ret, hBy: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: start}
 				if tok == ghost {
-					n.hLost, n.hBy = in.lost, max(start, grantedBy(in, single, stall))
+					n.hLost, n.hBy = in.lost, max(start, grantedBy(in, single, maxLate))
 				} else {
 					n.last, n.hUntil = tok, in.until
 				}

@@ -43,6 +43,9 @@ const (
 	campaignShards     = 8
 	clusterSkew        = 500 * time.Millisecond
 	clusterUnavailable = 5 * time.Second
+	// clusterPropose is one proposal attempt's timeout: two election
+	// timeouts at the default --raft-rtt (10 ms, 30 ticks).
+	clusterPropose = 600 * time.Millisecond
 )
 
 func newSingle(bin, dir string, logf func(string, ...any)) (*target, error) {
