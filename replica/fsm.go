@@ -595,14 +595,22 @@ func (f *fsm) SaveSnapshot(ctx interface{}, w io.Writer, _ sm.ISnapshotFileColle
 }
 
 // RecoverFromSnapshot implements sm.IConcurrentStateMachine.
+//
+// The snapshot is read and decoded before f.mu is taken: a large one takes
+// a while, and the event loops ask the table under it (Node.Queued), as do
+// the timer loop and the stats. Nothing else changes f meanwhile: Update
+// runs on this goroutine.
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
+	st, err := f.readState(bufio.NewReader(r))
 	f.mu.Lock()
 	var before map[uint64]struct{} // this run's batches applied here
 	if p := f.props[f.node]; p != nil && p.inc == f.inc {
 		before = p.seen
 	}
 	waiting := f.t.Waiting(f.node, nil)
-	err := f.readState(bufio.NewReader(r))
+	if err == nil {
+		f.install(st)
+	}
 	var lost []uint64
 	if err == nil && len(waiting) > 0 {
 		lost = gone(waiting, f.t.Waiting(f.node, nil))
@@ -725,10 +733,22 @@ func (f *fsm) writeState(w io.Writer) error {
 
 var errSnapshot = errors.New("replica: bad snapshot")
 
-func (f *fsm) readState(r *bufio.Reader) error {
+// replState is a replica snapshot read, for install.
+type replState struct {
+	t     *shard.Table
+	now   int64
+	props map[uint32]*proposer
+	set   *settings
+	setBy uint32
+	setAt int64
+}
+
+// readState decodes a snapshot that writeState wrote. It reads nothing of
+// f but its table's fixed config, so it needs no lock.
+func (f *fsm) readState(r *bufio.Reader) (*replState, error) {
 	magic := make([]byte, len(replMagic)+1)
 	if _, err := io.ReadFull(r, magic); err != nil || string(magic[:4]) != replMagic || magic[4] < 1 || magic[4] > replVersion {
-		return errSnapshot
+		return nil, errSnapshot
 	}
 	var err error
 	uv := func() uint64 {
@@ -778,17 +798,21 @@ func (f *fsm) readState(r *bufio.Reader) error {
 		props[node] = p
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %v", errSnapshot, err)
+		return nil, fmt.Errorf("%w: %v", errSnapshot, err)
 	}
 	t := shard.New(f.cfg)
 	if err := t.ReadSnapshot(r); err != nil {
-		return err
+		return nil, err
 	}
-	f.t, f.now, f.props, f.set, f.setAt = t, now, props, nil, setAt
-	if set != nil {
-		f.adopt(*set, setBy)
+	return &replState{t: t, now: now, props: props, set: set, setBy: setBy, setAt: setAt}, nil
+}
+
+// install makes st the replica's state. Under f.mu.
+func (f *fsm) install(st *replState) {
+	f.t, f.now, f.props, f.set, f.setAt = st.t, st.now, st.props, nil, st.setAt
+	if st.set != nil {
+		f.adopt(*st.set, st.setBy)
 	}
-	return nil
 }
 
 // digest is a hash of the replica's state, for checking that replicas agree.

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"slices"
 	"testing"
+	"time"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
@@ -1038,5 +1040,58 @@ func TestFSMSaysEveryRetryOfABatchTheSnapshotAppliedIsUnanswered(t *testing.T) {
 	got := update(t, f, attempt(2e9), attempt(3e9))
 	if want := []uint64{resultUnanswered, resultUnanswered}; !slices.Equal(got, want) || len(rec.got) != 0 {
 		t.Fatalf("results %v with answers %q, want %v and none", got, rec.got, want)
+	}
+}
+
+// A restore reads and decodes the snapshot before it takes the replica's
+// lock, which the event loops take too (Node.Queued): a large snapshot,
+// or one read slowly, must not stall them.
+func TestFSMRestoreReadsTheSnapshotOutsideTheLock(t *testing.T) {
+	f := newFSM(3, 1, shard.Config{}, nil)
+	var cmds []shard.Command
+	for i := range 500 {
+		cmds = append(cmds, acquire(requesterConn(2, 1), uint64(i+1), "o", fmt.Sprintf("key-%d", i), 5000, 0))
+	}
+	update(t, f, batch{h: header{node: 1, inc: 2, batch: 1, stamp: 1e9}, cmds: cmds})
+	ctx, err := f.PrepareSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := f.SaveSnapshot(ctx, &buf, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	g := newFSM(3, 2, shard.Config{}, nil)
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- g.RecoverFromSnapshot(pr, nil, nil) }()
+	// Returns once the restore has read the first half: it then waits,
+	// mid-snapshot, for the rest.
+	if _, err := pw.Write(b[:len(b)/2]); err != nil {
+		t.Fatal(err)
+	}
+	free := make(chan struct{})
+	go func() {
+		g.mu.Lock()
+		g.mu.Unlock()
+		close(free)
+	}()
+	select {
+	case <-free:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replica's lock is held while its snapshot is still being read")
+	}
+	if _, err := pw.Write(b[len(b)/2:]); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	g.recovered(f.applied)
+	_, x, _ := f.digest()
+	if _, y, _ := g.digest(); x != y {
+		t.Fatal("restored replica differs")
 	}
 }
