@@ -351,3 +351,28 @@ func TestLongLeaseCountsASyncWrite(t *testing.T) {
 		t.Fatalf("ticketd_ceiling_sync_writes_total = %v (error %v) after a short lease, want %v", w, err, v)
 	}
 }
+
+// An operator sees a crash grace on /metrics: ticketd_crash_grace_seconds
+// tells how long every acquire of a key not restored still answers T (the
+// server stays ready meanwhile: releases, and those T answers, are its
+// service). 0 after a first start.
+func TestCrashGraceOnMetrics(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := startServerDir(t, dir, "--admin", "127.0.0.1:0")
+	if v, err := s.metric("ticketd_crash_grace_seconds"); err != nil || v != 0 {
+		t.Fatalf("first start: ticketd_crash_grace_seconds %v, %v; want 0", v, err)
+	}
+	s.dial(t).acquire("o", "K", 600000, 0) // 10-minute lease
+	s.kill()
+	s = startServerDir(t, dir, "--admin", "127.0.0.1:0")
+	v, err := s.metric("ticketd_crash_grace_seconds")
+	if err != nil || v < 590 || v > 700 {
+		t.Fatalf("after a kill -9 with a 10-minute lease held: ticketd_crash_grace_seconds %v, %v; want about 600", v, err)
+	}
+	c := s.dial(t)
+	c.send(acq("o", "other", 1000, 0))
+	if got := c.next(); got != timedOut("o", "other") {
+		t.Fatalf("acquire within the grace: %q, want %q", got, timedOut("o", "other"))
+	}
+}

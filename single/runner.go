@@ -588,6 +588,12 @@ func (r *Runner) Err() error {
 	}
 }
 
+// GraceLeft is how much is left of a crash grace, in which every acquire
+// of a key not restored answers T (0: none, or over).
+func (r *Runner) GraceLeft() time.Duration {
+	return time.Duration(max(r.GraceUntil-r.clock.now(), 0))
+}
+
 // SyncReserves is how many ceilings were written on the request path.
 func (r *Runner) SyncReserves() int64 { return r.syncReserves.Load() }
 

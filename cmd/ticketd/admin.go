@@ -183,6 +183,11 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 			"Hand-overs whose lease passed, and whose key was swept or taken over, before their answer could leave (a synced write longer than the lease): not answered, their connections closed instead.",
 			func() float64 { return float64(ll.LostLateGrants()) })
 	}
+	if gl, ok := r.(interface{ GraceLeft() time.Duration }); ok {
+		g("ticketd_crash_grace_seconds",
+			"Time left of the grace after a crash restart, in which every acquire of a key not restored answers T (0: none). /readyz stays 200 meanwhile: releases and those T answers are the server's service.",
+			func() float64 { return gl.GraceLeft().Seconds() })
+	}
 	if rd, ok := r.(interface{ Ready() bool }); ok {
 		a.mu.Lock()
 		a.readyFn = rd.Ready
