@@ -365,8 +365,11 @@ func released(c *call) error {
 // (then the lease has ended by itself). A later Acquire of
 // the same key by this client goes out after it on the same connection, so
 // it is not refused by the lock it just gave up (unless that connection
-// breaks in between). One sent and left unanswered by a broken connection is
-// sent again, as Release does.
+// breaks in between, or, in cluster mode, the key's shard changes leader
+// while both are in flight: the node proposes both again, in any order, and
+// an acquire that does not wait may then get ErrHeld; one that waits is
+// granted once the release lands). One sent and left unanswered by a broken
+// connection is sent again, as Release does.
 func (cl *Client) ReleaseNoWait(l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err
