@@ -595,3 +595,87 @@ func TestCheckHangExcusedOnlyByAFaultBeforeTheClientGaveUp(t *testing.T) {
 		t.Errorf("a hang whose only fault began after the client gave up: want a %q violation, got %v", CheckLiveness, r.Violations)
 	}
 }
+
+// An unknown acquire never returned, so the search may place it after any
+// later operation; it must not be taken as granted there when its wait
+// ended (and its connection was gone) long before: here it would hide a
+// lost release, a T after the holder's R.
+func TestCheckGhostIsNotGrantedPastItsBound(t *testing.T) {
+	build := func(lease uint64, relAt, tAt int64, withGhost bool) *hist {
+		b := newHist()
+		b.acq(1, "k", lease, 0, 1, ResGranted, 1)
+		if withGhost {
+			g := b.add(&Op{Worker: 2, Kind: 'A', Owner: "g", Key: "k", LeaseMs: 2000, WaitMs: 500, Invoke: ms(20), Result: ResUnknown})
+			g.Why, g.LostAt = "connection lost: EOF", ms(100)
+		}
+		b.rel(1, "k", 1, relAt, relAt+1, ResReleased)
+		b.acq(3, "k", 1000, tAt, tAt+1, ResTimedOut, 0)
+		return b
+	}
+	for _, c := range []struct {
+		cfg        CheckConfig
+		lease      uint64
+		relAt, tAt int64
+	}{
+		{CheckConfig{Mode: "single", MaxLease: ms(30_000)}, 30_000, 19_000, 20_000},
+		{CheckConfig{Mode: "cluster", MaxLease: ms(60_000), Skew: ms(500), MaxLate: ms(6100)}, 60_000, 40_000, 41_000},
+	} {
+		if r := Check(build(c.lease, c.relAt, c.tAt, false).h, c.cfg); !hasCheck(r, CheckLinearLock) {
+			t.Fatalf("%s: a T after the holder's R, no unknown acquire: want a %q violation, got %v", c.cfg.Mode, CheckLinearLock, r.Violations)
+		}
+		if r := Check(build(c.lease, c.relAt, c.tAt, true).h, c.cfg); !hasCheck(r, CheckLinearLock) {
+			t.Errorf("%s: a T %d ms after the holder's R, explained by an unknown acquire whose wait ended at 520 ms: want a %q violation, got %v",
+				c.cfg.Mode, c.tAt-c.relAt, CheckLinearLock, r.Violations)
+		}
+	}
+}
+
+// everyFourSeconds is a fault schedule as the campaign makes them: 1 s
+// faults with 3 s between them, from 5 s to 60 s.
+func everyFourSeconds(kind string) []*Event {
+	var evs []*Event
+	for at := int64(5000); at < 60_000; at += 4000 {
+		evs = append(evs, &Event{Start: ms(at), End: ms(at + 1000), Kind: kind, Nodes: []int{1 + int(at/4000)%3}})
+	}
+	return evs
+}
+
+// A fault excuses only what it can have held up: what was due before it
+// began, until 5 s after its end. Faults one after another do not excuse
+// a key left locked (cluster) or an unknown grant (single mode) for the
+// whole run.
+func TestCheckFaultsOnlyDelayWhatWasDueBeforeThem(t *testing.T) {
+	single := func(faults []*Event) *hist {
+		b := newHist()
+		b.h.Events = faults
+		b.acq(1, "k", 300, 0, 1, ResGranted, 1)
+		b.rel(1, "k", 1, 10, 11, ResReleased)
+		g := b.add(&Op{Worker: 2, Kind: 'A', Owner: "g", Key: "k", LeaseMs: 1000, WaitMs: 500, Invoke: ms(20), Result: ResUnknown})
+		g.Why, g.LostAt = "connection lost: EOF", ms(100)
+		b.acq(3, "k", 1000, 40_000, 40_001, ResTimedOut, 0)
+		return b
+	}
+	scfg := CheckConfig{Mode: "single", MaxLease: ms(2000)}
+	for _, faults := range [][]*Event{nil, everyFourSeconds(EvPause)} {
+		if r := Check(single(faults).h, scfg); !hasCheck(r, CheckLinearLock) {
+			t.Errorf("single, %d faults: a T at 40 s explained by an unknown acquire lost at 100 ms (wait 500 ms, lease 1 s): want a %q violation, got %v",
+				len(faults), CheckLinearLock, r.Violations)
+		}
+	}
+	cluster := func(faults []*Event) *hist {
+		b := newHist()
+		b.h.Events = faults
+		b.acq(1, "k", 1000, 0, 1, ResGranted, 1) // its Expire never commits
+		for at := int64(20_000); at < 60_000; at += 500 {
+			b.acq(2, "k", 1000, at, at+1, ResTimedOut, 0)
+		}
+		return b
+	}
+	ccfg := CheckConfig{Mode: "cluster", Skew: ms(500), MaxLate: ms(6100)}
+	for _, faults := range [][]*Event{nil, everyFourSeconds(EvPause)} {
+		if r := Check(cluster(faults).h, ccfg); !hasCheck(r, CheckLinearLock) {
+			t.Errorf("cluster, %d faults: a key left locked from 1 s, answering T from 20 s to 60 s: want a %q violation, got %v",
+				len(faults), CheckLinearLock, r.Violations)
+		}
+	}
+}

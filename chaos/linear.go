@@ -135,14 +135,23 @@ func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 	if maxLate == 0 {
 		maxLate = int64(cmp.Or(cfg.Stall, DefaultStall))
 	}
-	// faultNear: a fault was under way within afterFault before at.
-	faultNear := func(at int64) bool {
+	// delayed: bound moved on by the faults that began before it: one
+	// under way by then may hold up what bound dates (a grant, an Expire)
+	// until afterFault past its end. A fault that began after it cannot:
+	// what was due has come out within the recovery that afterFault
+	// allows for (a shard grants again within 1.5 s of a fault's end), and
+	// the campaign leaves at least 2 s between faults.
+	delayed := func(bound int64) int64 {
+		b := bound
 		for _, e := range events {
-			if e.Start <= at && (e.End == 0 || at < satAdd(e.End, afterFault)) {
-				return true
+			if e.Start < bound {
+				if e.End == 0 {
+					return math.MaxInt64
+				}
+				b = max(b, satAdd(e.End, afterFault))
 			}
 		}
-		return false
+		return b
 	}
 	// ended: the earliest instant the holder's hold can be over, at its
 	// lease's end; a ghost's also once its connection was gone and it was
@@ -173,7 +182,7 @@ func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 			// leader's clock, later by what a lagging leader applied late.
 			end = satAdd(satAdd(s.hBy, s.lease), cfg.Skew+maxLate+clusterSlack)
 		}
-		return at < end || faultNear(at)
+		return at < delayed(end)
 	}
 	step := func(st, inp, outp any) []any {
 		s, in, out := st.(lockState), inp.(lockIn), outp.(lockOut)
@@ -213,7 +222,7 @@ func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 				// Operations placed after it took effect after it did.
 				n := lockState{holder: tok, hCall: start, hRet: in.ret, hBy: in.ret, lease: in.lease, last: s.last, graceUntil: s.graceUntil, now: start}
 				if tok == ghost {
-					n.hLost, n.hBy = in.lost, max(start, grantedBy(in, single, maxLate))
+					n.hLost, n.hBy = in.lost, max(start, delayed(grantedBy(in, single, maxLate)))
 				} else {
 					n.last, n.hUntil = tok, in.until
 				}
@@ -233,7 +242,15 @@ func lockModel(cfg CheckConfig, events []*Event) porcupine.Model {
 			case ResBusy:
 				return []any{same}
 			default: // unknown: not carried out, or granted with a token never seen
-				if canGrant {
+				// Not granted later than its bound: a ghost placed after
+				// operations that came later, or over a hold that ends
+				// later, was not granted there. A cluster may commit the
+				// acquire, and then the hand-over, each late.
+				latest := delayed(grantedBy(in, single, maxLate))
+				if !single {
+					latest = satAdd(latest, maxLate)
+				}
+				if canGrant && max(at, ended(s)) <= latest {
 					return []any{same, grant(ghost)}
 				}
 				return []any{same}
