@@ -167,6 +167,9 @@ type Node struct {
 	// replacement joins the preferences of nodes that keep running.
 	members        atomic.Pointer[memberSet]
 	membersChanged chan struct{}
+	// peersSaid: the log has said once that --peers is not the members the
+	// shards agree on.
+	peersSaid atomic.Bool
 	grps           []*group
 	srv            atomic.Pointer[netloop.Server]
 
@@ -1675,6 +1678,12 @@ func (n *Node) refreshMembers() {
 	addrs := make(map[uint32]string, len(agreed))
 	for id, addr := range agreed {
 		addrs[uint32(id)] = addr
+	}
+	if !maps.Equal(addrs, n.opt.Peers) && n.peersSaid.CompareAndSwap(false, true) {
+		// The node follows the members; but Replace counts a shard's
+		// members against --peers, and the next operator reads it.
+		n.log.Warn("--peers is not the cluster's members (a replace since this node's start, or a wrong flag): the node follows the members; give it their list the next time it starts",
+			zap.Any("peers", n.opt.Peers), zap.Any("members", addrs))
 	}
 	if maps.Equal(addrs, n.members.Load().addrs) {
 		return

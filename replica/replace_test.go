@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"github.com/ticketd/ticketd/netloop"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -237,4 +239,53 @@ func TestMembersAfterAReplace(t *testing.T) {
 	defer cancel()
 	c.replaceThird(ctx)
 	waitMembers("after replacing 3 by 4", []uint32{1, 2, 4})
+}
+
+// A node started with a --peers that is not the members the shards agree
+// on (here, after a replace, with its flags unchanged) follows the members
+// and says once what to correct.
+func TestPeersThatAreNotTheMembersAreSaid(t *testing.T) {
+	c := newTestCluster(t, 2)
+	c.waitReady()
+	old := maps.Clone(c.peers)
+	c.stop(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c.replaceThird(ctx)
+	c.startAs(2, 4, true)
+	c.waitReady()
+	c.stop(0)
+	opt := c.options(1, c.dirs[0])
+	core, logs := observer.New(zap.WarnLevel)
+	opt.Peers, opt.Logger, opt.Bootstrap = old, zap.New(core), false
+	n, err := Start(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 10, Loops: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Attach(srv) // the node's loops start here
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(ln); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = n.Shutdown(ctx)
+		_ = srv.Stop(ctx)
+	}()
+	for deadline := time.Now().Add(20 * time.Second); logs.FilterMessageSnippet("--peers is not the cluster's members").Len() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a node started with the peers before a replace said nothing: %v", logs.All())
+		}
+	}
+	if got := logs.FilterMessageSnippet("--peers is not the cluster's members").Len(); got != 1 {
+		t.Fatalf("said %d times, want once", got)
+	}
 }
