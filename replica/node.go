@@ -170,8 +170,8 @@ type Node struct {
 	// peersSaid: the log has said once that --peers is not the members the
 	// shards agree on.
 	peersSaid atomic.Bool
-	grps           []*group
-	srv            atomic.Pointer[netloop.Server]
+	grps      []*group
+	srv       atomic.Pointer[netloop.Server]
 
 	mu         sync.Mutex
 	reach      map[string]bool      // raft address -> last connection attempt worked
