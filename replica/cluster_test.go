@@ -1123,3 +1123,54 @@ func TestJoinOnADataDirWithStateIsIgnoredSayingSo(t *testing.T) {
 		t.Fatalf("--join on a data dir with state said nothing: %v", logs.All())
 	}
 }
+
+// A node whose raft flag file was emptied (a crash while it was written, a
+// file system check) is refused with an error: Dragonboat's node host
+// gives back neither itself nor an error, and the start went on to use it.
+func TestClusterRefusesAnEmptiedRaftFlagFile(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.stop(2)
+	if err := os.Truncate(filepath.Join(c.dirs[2], "raft", "NODEHOST.ID"), 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Start(c.options(3, c.dirs[2]))
+	if err == nil {
+		n.Close()
+		t.Fatal("a node with an empty NODEHOST.ID started")
+	}
+	if !strings.Contains(err.Error(), "damaged") || !strings.Contains(err.Error(), "replacement") {
+		t.Errorf("refusal %q does not say that the raft state is damaged and what to do", err)
+	}
+}
+
+// When Dragonboat finds that the log lost entries the node acknowledged
+// (the leader's commit index is past its log's end), the data dir records
+// it before the panic ends the process, and every later start is refused:
+// each would vote and answer with them forgotten until a heartbeat came.
+func TestLostEntriesAreRecordedAndRefused(t *testing.T) {
+	dir := t.TempDir()
+	peers := map[uint32]string{1: "127.0.0.1:1", 2: "127.0.0.1:2", 3: "127.0.0.1:3"}
+	d, err := openDataDir(dir, 1, peers, 1, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.raftMade(); err != nil {
+		t.Fatal(err)
+	}
+	lost := d.lostEntries
+	prev := lostTo.Swap(&lost)
+	defer lostTo.Store(prev)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("no panic")
+			}
+		}()
+		(&dbLogger{pkg: "raft"}).Panicf("invalid commitTo index %d, lastIndex() %d", 4063, 4037)
+	}()
+	d.close()
+	_, err = openDataDir(dir, 1, peers, 1, false, false)
+	if err == nil || !strings.Contains(err.Error(), "lost entries it acknowledged") || !strings.Contains(err.Error(), "4063") {
+		t.Fatalf("start after the loss was found: %v; want a refusal that says why", err)
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/ticketd/ticketd/internal/atomicfile"
 )
@@ -20,7 +22,8 @@ type dataDir struct {
 	path        string
 	lock        *os.File
 	incarnation uint64
-	fresh       bool // no raft state yet: this start bootstraps (or joins)
+	fresh       bool       // no raft state yet: this start bootstraps (or joins)
+	mu          sync.Mutex // id's writes: a start's, the apply goroutine's (adopt), Dragonboat's (lostEntries)
 	id          identity
 }
 
@@ -48,6 +51,10 @@ type identity struct {
 	// under them, so a replay applies them so too (see Start). New data dirs
 	// have none.
 	Limits *limits `json:"limits,omitempty"`
+	// LostEntries: a run found that the raft log had lost entries this
+	// node acknowledged (a torn or damaged write-ahead log, a restore from
+	// a copy), and why; every later start is refused.
+	LostEntries string `json:"lost_entries,omitempty"`
 }
 
 type limits struct {
@@ -96,9 +103,15 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 			d.close()
 			return nil, fmt.Errorf("data dir %q: %s is corrupt: %v", path, identityFile, err)
 		}
+		if old.LostEntries != "" {
+			d.close()
+			return nil, fmt.Errorf("data dir %q: a run of node %d found that its raft log had lost entries it acknowledged (%s): "+
+				"it must not run again, as it would vote and answer having forgotten them; bring the node back as a replacement under a new id, on an empty data dir (README: replacing a node)",
+				path, old.Node, old.LostEntries)
+		}
 		if msg := old.differs(&id); msg != "" {
 			d.close()
-			return nil, fmt.Errorf("data dir %q belongs to %s; start with the flags it was made with, or give this node an empty data dir (README: replacing a node)", path, msg)
+			return nil, fmt.Errorf("data dir %q belongs to %s; start with the flags it was made with, or bring this node back as a replacement under a new id, on an empty data dir (README: replacing a node)", path, msg)
 		}
 		if _, err := os.Stat(filepath.Join(path, "raft")); errors.Is(err, os.ErrNotExist) && old.RaftMade {
 			// Without its raft state the node would bootstrap again,
@@ -116,7 +129,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 	case errors.Is(err, os.ErrNotExist):
 		if _, err := os.Stat(filepath.Join(path, "raft")); err == nil {
 			d.close()
-			return nil, fmt.Errorf("data dir %q has raft state but no %s: it cannot be told apart from another node's; give this node an empty data dir (README: replacing a node)", path, identityFile)
+			return nil, fmt.Errorf("data dir %q has raft state but no %s: it cannot be told apart from another node's; bring this node back as a replacement under a new id, on an empty data dir (README: replacing a node)", path, identityFile)
 		}
 		if n := atomicfile.LostFound(path); n > 0 {
 			// Bootstrapping under an id that has voted and acknowledged
@@ -166,6 +179,8 @@ func (d *dataDir) shardsMade() error { return d.mark(&d.id.ShardsMade) }
 
 // mark sets one of the identity's flags, durably, if it is not set yet.
 func (d *dataDir) mark(flag *bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if *flag {
 		return nil
 	}
@@ -179,7 +194,18 @@ func (d *dataDir) mark(flag *bool) error {
 // adopt records the cluster's shard count, found to differ from this run's,
 // as the one the next start must be given.
 func (d *dataDir) adopt(shards int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.id.Shards = shards
+	return writeSynced(filepath.Join(d.path, identityFile), &d.id)
+}
+
+// lostEntries records, durably, that the raft log has lost entries this
+// node acknowledged, so that no later start runs on it.
+func (d *dataDir) lostEntries(why string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.id.LostEntries = time.Now().UTC().Format(time.RFC3339) + ": " + why
 	return writeSynced(filepath.Join(d.path, identityFile), &d.id)
 }
 

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -15,6 +16,10 @@ import (
 var (
 	logOnce sync.Once
 	logTo   atomic.Pointer[zap.Logger]
+	// lostTo records in the data dir of the node started last that its raft
+	// log has lost acknowledged entries, before Dragonboat's panic ends the
+	// process (nil: no node).
+	lostTo atomic.Pointer[func(why string) error]
 )
 
 func setupLogging(l *zap.Logger) {
@@ -73,11 +78,20 @@ func (l *dbLogger) Panicf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if z := logTo.Load(); z != nil {
 		z.Error(msg, zap.String("pkg", l.pkg))
-		if strings.HasPrefix(format, "invalid commitTo index") {
-			// The leader knows this replica had entries its log no longer
-			// holds: the node must not run on this data dir.
-			z.Error("stopping: this node's raft log has lost entries it acknowledged: its data dir was restored from a copy, " +
-				"or its disk lost synced writes; it must not run again: replace it with an empty data dir (README: replacing a node)")
+	}
+	if strings.HasPrefix(format, "invalid commitTo index") {
+		// The leader knows this replica had entries its log no longer
+		// holds: the node must not run on this data dir again, and each
+		// start would until the leader's heartbeat came (or, after a
+		// leader change, not at all). Recorded before the panic.
+		werr := errors.New("no data dir to record it in")
+		if f := lostTo.Load(); f != nil {
+			werr = (*f)(msg)
+		}
+		if z := logTo.Load(); z != nil {
+			z.Error("stopping: this node's raft log has lost entries it acknowledged: its data dir was restored from a copy, "+
+				"or its disk lost synced writes; it must not run again: bring it back as a replacement under a new id, on an empty data dir (README: replacing a node)",
+				zap.NamedError("recording_it_in_the_data_dir", werr))
 		}
 	}
 	panic(msg)

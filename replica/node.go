@@ -349,7 +349,7 @@ func Start(opt Options) (*Node, error) {
 		SystemEventListener: n,
 		Expert:              config.ExpertConfig{Engine: eng, LogDB: ldb},
 	}
-	nh, err := dragonboat.NewNodeHost(nhc)
+	nh, err := newNodeHost(nhc)
 	if err != nil {
 		dir.close()
 		if strings.Contains(err.Error(), "not the owner of the data directory") {
@@ -358,8 +358,10 @@ func Start(opt Options) (*Node, error) {
 				"start it with the address it had, or bring the node back at the new one as a replacement with an empty data dir (README: replacing a node): %w",
 				nhc.NodeHostDir, nhc.RaftAddress, err)
 		}
-		return nil, fmt.Errorf("cannot start the raft node host in %q: %w", nhc.NodeHostDir, err)
+		return nil, fmt.Errorf("cannot start the raft node host in %q: %w (if its raft state is damaged, bring the node back as a replacement under a new id, on an empty data dir: README, replacing a node)", nhc.NodeHostDir, err)
 	}
+	lost := dir.lostEntries
+	lostTo.Store(&lost)
 	n.nh = nh
 	if dir.id.ShardsMade && !anyShard(nh, opt.NodeID, opt.Shards) {
 		nh.Close()
@@ -1398,6 +1400,24 @@ func (n *Node) every(d time.Duration, fn func()) {
 			fn()
 		}
 	}
+}
+
+// newNodeHost is dragonboat.NewNodeHost with its failures on damaged raft
+// state as errors: it panics on some (a table whose checksum fails, as
+// pebble opens the log), and on an unreadable flag file (NODEHOST.ID,
+// dragonboat.ds: a crash while it was written, a file system check that
+// emptied it) its own recover returns neither a node host nor an error.
+func newNodeHost(nhc config.NodeHostConfig) (nh *dragonboat.NodeHost, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			nh, err = nil, fmt.Errorf("its raft state is damaged: %v", r)
+		}
+	}()
+	nh, err = dragonboat.NewNodeHost(nhc)
+	if err == nil && nh == nil {
+		err = errors.New("its raft state is damaged: a flag file (NODEHOST.ID or dragonboat.ds under it) cannot be read")
+	}
+	return nh, err
 }
 
 // timerLoop is the leader's clock: for each shard this node leads, it
