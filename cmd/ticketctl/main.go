@@ -22,6 +22,7 @@ import (
 
 	"github.com/ticketd/ticketd/client"
 	"github.com/ticketd/ticketd/codec"
+	"github.com/ticketd/ticketd/internal/cliflag"
 )
 
 // Exit codes. run exits with its command's status once the command started.
@@ -190,7 +191,7 @@ func (c *command) parseArgs(args []string, npos int, tail bool, stdout, stderr i
 				c.help(stdout)
 				return nil, nil, exitOK, false
 			}
-			return nil, nil, usageError(stderr, c.name, err.Error()), false
+			return nil, nil, usageError(stderr, c.name, cliflag.Explain(c.fs, err).Error()), false
 		}
 		left := c.fs.Args()
 		if msg := boolValueApart(c.fs, args, left); msg != "" {

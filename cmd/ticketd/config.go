@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ticketd/ticketd/internal/cliflag"
 	"github.com/ticketd/ticketd/netloop"
 )
 
@@ -57,7 +59,10 @@ const descriptorReserve = 256 + netloop.EnrollDescriptors
 func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("ticketd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The usage goes out for --help only: a bad value gets one line (main
+	// prints it), not the flag list after it.
+	var usage bytes.Buffer
+	fs.SetOutput(&usage)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7411", "TCP address to serve the protocol on (port 0 picks a free port)")
 	fs.StringVar(&c.dataDir, "data-dir", "./ticketd-data", "directory for the durable state (token and lease ceilings, shutdown snapshot)")
 	fs.IntVar(&c.shards, "shards", 16, "number of lock-table shards (keys map to shards by a stable hash)")
@@ -83,10 +88,11 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	c.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			_, _ = stderr.Write(usage.Bytes())
 			return nil, err
 		}
 		// The flag package names the flag in its message.
-		return nil, err
+		return nil, fmt.Errorf("%w (ticketd --help lists the flags)", cliflag.Explain(fs, err))
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))

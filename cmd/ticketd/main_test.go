@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"io"
 	"slices"
 	"strings"
@@ -106,5 +108,23 @@ func TestDurationFlags(t *testing.T) {
 	}
 	if c, err := parseConfig(nil, io.Discard); err != nil || c.shutdownTimeout != 10*time.Second || c.recoverDamaged {
 		t.Errorf("defaults: %+v, %v", c, err)
+	}
+}
+
+// A duration without a unit gets one line that names the unit, not the
+// flag package's "parse error" followed by the whole flag list; --help
+// still prints the list.
+func TestBadFlagValueIsOneLine(t *testing.T) {
+	var stderr strings.Builder
+	_, err := parseConfig([]string{"--max-lease", "30"}, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "want a duration with a unit") {
+		t.Fatalf("--max-lease 30: %v; want an error that asks for a unit", err)
+	}
+	if stderr.Len() != 0 {
+		t.Fatalf("--max-lease 30 also wrote %d bytes: %q", stderr.Len(), stderr.String())
+	}
+	stderr.Reset()
+	if _, err := parseConfig([]string{"--help"}, &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "-max-lease") {
+		t.Fatalf("--help: %v, wrote %q; want the flag list", err, stderr.String())
 	}
 }

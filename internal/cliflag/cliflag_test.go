@@ -1,0 +1,40 @@
+package cliflag
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExplain(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // in the message; "" for the flag package's own
+	}{
+		{[]string{"--lease", "30"}, `invalid value "30" for --lease: want a duration with a unit, such as 30s`},
+		{[]string{"--lease", "soon"}, `invalid value "soon" for --lease: want a duration with a unit`},
+		{[]string{"--count", "x"}, ""},
+		{[]string{"--nope"}, ""},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		fs.Duration("lease", time.Second, "")
+		fs.Int("count", 0, "")
+		err := fs.Parse(tc.args)
+		if err == nil {
+			t.Fatalf("%v: parsed", tc.args)
+		}
+		got := Explain(fs, err)
+		if tc.want == "" {
+			if got != err {
+				t.Errorf("%v: %q rewritten to %q", tc.args, err, got)
+			}
+			continue
+		}
+		if !strings.Contains(got.Error(), tc.want) {
+			t.Errorf("%v: %q, want it to contain %q", tc.args, got, tc.want)
+		}
+	}
+}
