@@ -75,7 +75,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("bench")
 	fs.SetOutput(stderr)
-	quick := fs.Bool("quick", false, "the short plan (about 30s) instead of the full one (about 3 minutes)")
+	quick := fs.Bool("quick", false, "the short plan (about a minute and a half) instead of the full one (about 10 minutes)")
 	out := fs.String("out", "", "results directory (default: bench/results of the module)")
 	ticketd := fs.String("ticketd", "", "ticketd binary (default: go build ./cmd/ticketd)")
 	echo := fs.String("echo", "", "echo ceiling binary (default: go build ./bench/cmd/echo)")
