@@ -33,9 +33,10 @@ import (
 // before its connection was found gone, or its wait ran out), a T still
 // needs a holder whose lease could be running: granted by then (hBy), plus
 // its lease and, in a cluster, the skew, how late a lagging replica may
-// hold it (MaxLate) and clusterSlack; or a fault under way within
-// afterFault before the T (an Expire held up by an election, a partition,
-// a paused node). A key left locked for good is flagged in both modes.
+// hold it (MaxLate) and clusterSlack; a fault that began before that bound
+// moves it to afterFault past the fault's end (an Expire held up by an
+// election, a partition, a paused node). A key left locked for good is
+// flagged in both modes.
 
 const ghost = math.MaxUint64 // a grant whose answer never arrived: token unknown
 
