@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"unsafe"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
@@ -160,13 +161,13 @@ func newFSM(idx int, node uint32, cfg shard.Config, out sink) *fsm {
 // Update implements sm.IConcurrentStateMachine.
 func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.mu.Lock()
-	f.mine = f.mine[:0]
+	f.mine = emptied(f.mine)
 	f.grants = f.grants[:0]
-	f.renews = f.renews[:0]
+	f.renews = emptied(f.renews)
 	f.lapsed = f.lapsed[:0]
 	f.gone = f.gone[:0]
 	f.behindInc = 0
-	f.arena = f.arena[:0]
+	f.arena = emptied(f.arena)
 	f.notices = f.notices[:0]
 	var err error
 	for i := range ents {
@@ -206,6 +207,22 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	}
 
 	return ents, err
+}
+
+// keepAtMost bounds the bytes a buffer emptied for reuse keeps: one burst
+// (a flood of pipelined requests, answered in a few large batches) must not
+// hold its largest batch's memory for good, in every shard.
+const keepAtMost = 1 << 20
+
+// emptied is s emptied for reuse, or nil once a burst grew it past
+// keepAtMost bytes. Dropping it is safe where reuse is: what was taken
+// from it before keeps the old array alive.
+func emptied[T any](s []T) []T {
+	var zero T
+	if uintptr(cap(s))*unsafe.Sizeof(zero) > keepAtMost {
+		return nil
+	}
+	return s[:0]
 }
 
 // timersEarlier tells whether the commands just applied set a timer that

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
@@ -1093,5 +1094,30 @@ func TestFSMRestoreReadsTheSnapshotOutsideTheLock(t *testing.T) {
 	_, x, _ := f.digest()
 	if _, y, _ := g.digest(); x != y {
 		t.Fatal("restored replica differs")
+	}
+}
+
+// A flood answered in a few large batches leaves the replica's per-Update
+// buffers (the answers for this node, the bytes they point into) no larger
+// than keepAtMost once a small batch follows: 16 shards each keeping its
+// largest batch held hundreds of MB after a flood.
+func TestFSMLetsGoOfAFloodsBuffers(t *testing.T) {
+	f := newFSM(0, 1, shard.Config{}, &recorder{})
+	c1 := requesterConn(1, 5)
+	cmds := make([]shard.Command, 50_000)
+	for i := range cmds {
+		cmds[i] = acquire(c1, uint64(i+1), "flooding-owner", fmt.Sprintf("flood-key-%06d", i), 60000, 0)
+	}
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 1, stamp: 1e9}, cmds: cmds})
+	var a shard.Answer
+	if n := uintptr(cap(f.mine)) * unsafe.Sizeof(a); n <= keepAtMost {
+		t.Fatalf("the flood's answers took %d bytes, no more than keepAtMost: the test proves nothing", n)
+	}
+	update(t, f, batch{h: header{node: 1, inc: 1, batch: 2, stamp: 2e9}, cmds: []shard.Command{acquire(c1, 50_001, "o", "k", 1000, 0)}})
+	if n := uintptr(cap(f.mine)) * unsafe.Sizeof(a); n > keepAtMost {
+		t.Errorf("after a small batch the replica keeps %d bytes of answers", n)
+	}
+	if n := cap(f.arena); n > keepAtMost {
+		t.Errorf("after a small batch the replica keeps %d bytes of answer fields", n)
 	}
 }

@@ -915,8 +915,8 @@ func (g *group) proposer() {
 			body := append([]byte(nil), g.pend...)
 			conns, count := g.conns, g.pendN
 			redo, redoN := append([]byte(nil), g.redo...), g.redoN
-			g.pend, g.pendN, g.conns, g.force = g.pend[:0], 0, nil, false
-			g.redo, g.redoN = g.redo[:0], 0
+			g.pend, g.pendN, g.conns, g.force = emptied(g.pend), 0, nil, false
+			g.redo, g.redoN = emptied(g.redo), 0
 			g.mu.Unlock()
 			if o := g.n.opt.BatchCommands; o != nil {
 				o.Observe(float64(count))
