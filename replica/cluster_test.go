@@ -1174,3 +1174,52 @@ func TestLostEntriesAreRecordedAndRefused(t *testing.T) {
 		t.Fatalf("start after the loss was found: %v; want a refusal that says why", err)
 	}
 }
+
+// The hook that records lost entries in a data dir ends with its node's
+// run: a node closed, or one whose start failed, must not leave it behind
+// for a later panic to rewrite its cluster.json from an old copy.
+func TestLostEntriesHookEndsWithItsRun(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.stopAll()
+	if lostTo.Load() != nil {
+		t.Fatal("the lost-entries hook outlived the nodes")
+	}
+	// A start refused after its node host started (raft/ emptied).
+	raft := filepath.Join(c.dirs[0], "raft")
+	if err := os.RemoveAll(raft); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(raft, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Start(c.options(1, c.dirs[0])); err == nil {
+		n.Close()
+		t.Fatal("started on an emptied raft/")
+	}
+	if lostTo.Load() != nil {
+		t.Fatal("the lost-entries hook outlived a start that failed")
+	}
+}
+
+// Only damaged raft state gets the advice to replace the node: a node host
+// that fails for another reason (its raft address taken) must not send an
+// operator to replace a healthy node.
+func TestNodeHostErrorAdvisesAReplaceOnlyForDamage(t *testing.T) {
+	c := newStoppedCluster(t, 1, nil)
+	ln, err := net.Listen("tcp", c.peers[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	n, err := Start(c.options(1, c.dirs[0]))
+	if err == nil {
+		n.Close()
+		t.Fatal("started with its raft address taken")
+	}
+	if !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("with its raft address taken: %v", err)
+	}
+	if strings.Contains(err.Error(), "replacement") {
+		t.Errorf("a taken raft address: %q advises a replace", err)
+	}
+}

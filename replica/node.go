@@ -170,6 +170,7 @@ type Node struct {
 	// peersSaid: the log has said once that --peers is not the members the
 	// shards agree on.
 	peersSaid atomic.Bool
+	lostHook  *func(why string) error // this run's lostTo
 	grps      []*group
 	srv       atomic.Pointer[netloop.Server]
 
@@ -358,12 +359,19 @@ func Start(opt Options) (*Node, error) {
 				"start it with the address it had, or bring the node back at the new one as a replacement with an empty data dir (README: replacing a node): %w",
 				nhc.NodeHostDir, nhc.RaftAddress, err)
 		}
-		return nil, fmt.Errorf("cannot start the raft node host in %q: %w (if its raft state is damaged, bring the node back as a replacement under a new id, on an empty data dir: README, replacing a node)", nhc.NodeHostDir, err)
+		if errors.Is(err, errRaftDamaged) {
+			return nil, fmt.Errorf("cannot start the raft node host in %q: %w: bring the node back as a replacement under a new id, on an empty data dir (README: replacing a node)", nhc.NodeHostDir, err)
+		}
+		return nil, fmt.Errorf("cannot start the raft node host in %q: %w", nhc.NodeHostDir, err)
 	}
+	// Dragonboat's panic on lost entries records them in this data dir
+	// (one node per process; the hook ends with this node's run).
 	lost := dir.lostEntries
-	lostTo.Store(&lost)
+	n.lostHook = &lost
+	lostTo.Store(n.lostHook)
 	n.nh = nh
 	if dir.id.ShardsMade && !anyShard(nh, opt.NodeID, opt.Shards) {
+		lostTo.CompareAndSwap(n.lostHook, nil)
 		nh.Close()
 		dir.close()
 		return nil, fmt.Errorf("data dir %q belongs to node %d, whose raft state under raft/ holds none of its shards: "+
@@ -371,6 +379,7 @@ func Start(opt Options) (*Node, error) {
 			dir.path, opt.NodeID)
 	}
 	if err := dir.raftMade(); err != nil {
+		lostTo.CompareAndSwap(n.lostHook, nil)
 		nh.Close()
 		dir.close()
 		return nil, err
@@ -439,6 +448,7 @@ func Start(opt Options) (*Node, error) {
 			err = startFault(i)
 		}
 		if err != nil {
+			lostTo.CompareAndSwap(n.lostHook, nil)
 			nh.Close()
 			dir.close()
 			return nil, fmt.Errorf("cannot start shard %d: %w", i, err)
@@ -446,6 +456,7 @@ func Start(opt Options) (*Node, error) {
 		g.sess = nh.GetNoOPSession(g.id)
 	}
 	if err := dir.shardsMade(); err != nil {
+		lostTo.CompareAndSwap(n.lostHook, nil)
 		nh.Close()
 		dir.close()
 		return nil, err
@@ -1410,15 +1421,18 @@ func (n *Node) every(d time.Duration, fn func()) {
 func newNodeHost(nhc config.NodeHostConfig) (nh *dragonboat.NodeHost, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			nh, err = nil, fmt.Errorf("its raft state is damaged: %v", r)
+			nh, err = nil, fmt.Errorf("%w (%v)", errRaftDamaged, r)
 		}
 	}()
 	nh, err = dragonboat.NewNodeHost(nhc)
 	if err == nil && nh == nil {
-		err = errors.New("its raft state is damaged: a flag file (NODEHOST.ID or dragonboat.ds under it) cannot be read")
+		err = fmt.Errorf("%w (a flag file, NODEHOST.ID or dragonboat.ds, cannot be read)", errRaftDamaged)
 	}
 	return nh, err
 }
+
+// errRaftDamaged: the raft state under the data dir cannot be read.
+var errRaftDamaged = errors.New("its raft state is damaged")
 
 // timerLoop is the leader's clock: for each shard this node leads, it
 // proposes the Expire and WaitTimeout commands that have come due. A lease
@@ -2756,6 +2770,7 @@ func (n *Node) Close() error {
 		n.useMu.Lock()
 		n.useEnded = true
 		n.useMu.Unlock()
+		lostTo.CompareAndSwap(n.lostHook, nil)
 		n.nh.Close()
 		n.dir.close()
 	})
