@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"regexp"
+	"strconv"
 	"time"
 )
 
@@ -13,8 +14,9 @@ import (
 var parseError = regexp.MustCompile(`^invalid value "(.*)" for flag -([^:]+): parse error$`)
 
 // Explain rewrites the flag package's "parse error" for a duration flag
-// (most often a bare number: "--lease 30") into a message that says a
-// unit is needed. Other errors come back as they are.
+// into one that says what a duration looks like: most often the value is
+// a bare number ("--lease 30"), which needs a unit. Other errors come back
+// as they are.
 func Explain(fs *flag.FlagSet, err error) error {
 	m := parseError.FindStringSubmatch(err.Error())
 	if m == nil {
@@ -31,5 +33,8 @@ func Explain(fs *flag.FlagSet, err error) error {
 	if _, isDur := g.Get().(time.Duration); !isDur {
 		return err
 	}
-	return fmt.Errorf("invalid value %q for --%s: want a duration with a unit, such as 30s, 500ms or 1h", m[1], m[2])
+	if _, err := strconv.ParseFloat(m[1], 64); err == nil {
+		return fmt.Errorf("invalid value %q for --%s: want a duration with a unit, such as 30s, 500ms or 1h", m[1], m[2])
+	}
+	return fmt.Errorf("invalid value %q for --%s: not a duration (such as 30s, 500ms or 1h), or out of range", m[1], m[2])
 }

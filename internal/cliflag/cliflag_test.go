@@ -14,7 +14,9 @@ func TestExplain(t *testing.T) {
 		want string // in the message; "" for the flag package's own
 	}{
 		{[]string{"--lease", "30"}, `invalid value "30" for --lease: want a duration with a unit, such as 30s`},
-		{[]string{"--lease", "soon"}, `invalid value "soon" for --lease: want a duration with a unit`},
+		{[]string{"--lease", "2.5"}, `invalid value "2.5" for --lease: want a duration with a unit`},
+		{[]string{"--lease", "soon"}, `invalid value "soon" for --lease: not a duration (such as 30s, 500ms or 1h), or out of range`},
+		{[]string{"--lease", "9999999999h"}, `invalid value "9999999999h" for --lease: not a duration`},
 		{[]string{"--count", "x"}, ""},
 		{[]string{"--nope"}, ""},
 	} {
