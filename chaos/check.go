@@ -542,15 +542,29 @@ func checkProgress(h *History, cfg CheckConfig, r *CheckResult) {
 	}
 	last := h.last()
 	// faultFree is the time in [lo, hi] with no fault under way.
+	// A single-mode crash grants nothing until its grace is over, which
+	// runs from the restart for up to the longest lease and the ceiling's
+	// step: counted as the fault's. So graces can reach into the next
+	// fault, and the spans are merged.
+	type span struct{ from, to int64 }
+	var spans []span
+	for _, e := range h.Events {
+		end := e.End
+		if end == 0 {
+			end = last
+		}
+		if cfg.Mode == "single" && (e.Kind == EvCrash || e.Kind == EvCrashAll) {
+			end = satAdd(end, cfg.MaxLease+crashGrace)
+		}
+		spans = append(spans, span{e.Start, end})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return cmp64(a.from, b.from) })
 	faultFree := func(lo, hi int64) time.Duration {
-		free := hi - lo
-		for _, e := range h.Events {
-			end := e.End
-			if end == 0 {
-				end = last
-			}
-			if a, b := max(lo, e.Start), min(hi, end); b > a {
-				free -= b - a // faults do not overlap: one at a time
+		free, at := hi-lo, lo // at: how far the faults counted so far reach
+		for _, sp := range spans {
+			if a, b := max(at, sp.from), min(hi, sp.to); b > a {
+				free -= b - a
+				at = b
 			}
 		}
 		return time.Duration(max(free, 0))

@@ -679,3 +679,30 @@ func TestCheckFaultsOnlyDelayWhatWasDueBeforeThem(t *testing.T) {
 		}
 	}
 }
+
+// In single mode a crash grants nothing until its grace is over (up to the
+// longest lease and the ceiling's step after the restart): the progress
+// check counts the grace as the crash's. Crashes every 4 s, whose graces
+// run back to back, are no stall; 12 s after the last grace is.
+func TestCheckProgressCountsACrashGraceAsTheCrash(t *testing.T) {
+	build := func(until int64) *hist {
+		b := newHist()
+		for at := int64(1000); at < 21_000; at += 4000 {
+			b.h.Events = append(b.h.Events, &Event{Start: ms(at), Killed: ms(at + 100), End: ms(at + 1000), Kind: EvCrash})
+		}
+		g := b.acq(1, "k", 1000, 0, 1, ResGranted, 1)
+		b.rel(1, "k", g.Token, 10, 11, ResReleased)
+		for at := int64(1500); at < until; at += 500 {
+			b.acq(2, "k", 1000, at, at+1, ResTimedOut, 0) // refused: a grace
+		}
+		return b
+	}
+	cfg := CheckConfig{Mode: "single", MaxLease: ms(2000)}
+	// Graces end by 22 s + 2 s + 2 s: T answers to 30 s are within 10 s of it.
+	if r := Check(build(30_000).h, cfg); hasCheck(r, CheckProgress) {
+		t.Errorf("back-to-back crash graces counted as a stall: %v", r.Violations)
+	}
+	if r := Check(build(40_000).h, cfg); !hasCheck(r, CheckProgress) {
+		t.Errorf("nothing granted for 14 s after the last grace: want a %q violation, got %v", CheckProgress, r.Violations)
+	}
+}
