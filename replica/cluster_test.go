@@ -96,9 +96,15 @@ func (c *testCluster) options(id uint32, dir string) Options {
 
 // startAs starts node id in slot i (its data dir and listener address).
 func (c *testCluster) startAs(i int, id uint32, join bool) {
-	t := c.t
 	opt := c.options(id, c.dirs[i])
 	opt.Join = join
+	c.startWith(i, opt)
+}
+
+// startWith starts a node with opt in slot i, on the slot's listener
+// address, attached to a network side of its own as ticketd does.
+func (c *testCluster) startWith(i int, opt Options) {
+	t := c.t
 	n, err := Start(opt)
 	if err != nil {
 		t.Fatal(err)

@@ -1054,15 +1054,7 @@ func TestFSMRestoreReadsTheSnapshotOutsideTheLock(t *testing.T) {
 		cmds = append(cmds, acquire(requesterConn(2, 1), uint64(i+1), "o", fmt.Sprintf("key-%d", i), 5000, 0))
 	}
 	update(t, f, batch{h: header{node: 1, inc: 2, batch: 1, stamp: 1e9}, cmds: cmds})
-	ctx, err := f.PrepareSnapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := f.SaveSnapshot(ctx, &buf, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	b := buf.Bytes()
+	b := snapshot(t, f)
 	g := newFSM(3, 2, shard.Config{}, nil)
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
-	"github.com/ticketd/ticketd/netloop"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -258,28 +256,7 @@ func TestPeersThatAreNotTheMembersAreSaid(t *testing.T) {
 	opt := c.options(1, c.dirs[0])
 	core, logs := observer.New(zap.WarnLevel)
 	opt.Peers, opt.Logger, opt.Bootstrap = old, zap.New(core), false
-	n, err := Start(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := netloop.New(netloop.Config{Backend: n, MaxConns: 10, Loops: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.Attach(srv) // the node's loops start here
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Serve(ln); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = n.Shutdown(ctx)
-		_ = srv.Stop(ctx)
-	}()
+	c.startWith(0, opt)
 	for deadline := time.Now().Add(20 * time.Second); logs.FilterMessageSnippet("--peers is not the cluster's members").Len() == 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("a node started with the peers before a replace said nothing: %v", logs.All())
