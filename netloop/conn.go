@@ -581,6 +581,9 @@ func (s *Server) parse(c *Conn, buf []byte, out []byte, unsent int) ([]byte, int
 		if c.inflight >= maxIn || len(out) >= maxOut {
 			break
 		}
+		if s.crowd != nil && s.crowd.Crowded(c) {
+			break
+		}
 		reqs = reqs[:len(reqs)+1]
 		n, perr := codec.ParseRequest(buf[consumed:], s.cfg.Limits, &reqs[len(reqs)-1])
 		if perr != nil {
@@ -628,7 +631,8 @@ func (s *Server) parse(c *Conn, buf []byte, out []byte, unsent int) ([]byte, int
 func (c *Conn) over(pending int) bool {
 	max := c.s.cfg.MaxInflight
 	return c.gc.OutboundBuffered()+pending >= c.s.cfg.MaxOutbound ||
-		c.inflight >= max && c.inflight-c.s.cfg.Backend.Queued(c) >= max
+		c.inflight >= max && c.inflight-c.s.cfg.Backend.Queued(c) >= max ||
+		c.s.crowd != nil && c.s.crowd.Crowded(c)
 }
 
 // pause stops parsing the connection and, where pause_linux.go can, reading

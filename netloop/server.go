@@ -52,6 +52,15 @@ type LateRenewer interface {
 	RenewLate(c *Conn, gs []Grant) bool
 }
 
+// Crowder is a Backend that can hold more requests than it wants to
+// (cluster mode: commands waiting on the replicated log). Crowded is asked
+// on c's loop before each of c's frames and before c is read again: true
+// stops reading c until a later ask says false. c is asked again when an
+// answer reaches it, and on the parked connections' timer.
+type Crowder interface {
+	Crowded(c *Conn) bool
+}
+
 // Observer takes one observation, in seconds; prometheus.Histogram is one.
 type Observer interface{ Observe(float64) }
 
@@ -198,6 +207,7 @@ type Server struct {
 	outPool  sync.Pool   // *[]byte answer buffers for one OnTraffic
 	latePool sync.Pool   // *lateSet
 	renewer  LateRenewer // the Backend, if it is one
+	crowd    Crowder     // likewise
 	reqPool  sync.Pool   // *[]codec.Request
 
 	parked     parkedSet
@@ -225,6 +235,7 @@ func New(cfg Config) (*Server, error) {
 	s.reqPool.New = func() any { r := make([]codec.Request, 0, maxBatch); return &r }
 	s.latePool.New = func() any { return new(lateSet) }
 	s.renewer, _ = cfg.Backend.(LateRenewer)
+	s.crowd, _ = cfg.Backend.(Crowder)
 	opts := []gnet.Option{
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(cfg.Logger.Sugar()),

@@ -43,6 +43,7 @@ func (a *admin) cluster(n *replica.Node) {
 	a.a.CounterFunc("ticketd_orphaned_grants_released_total", "Grants proposed for release because their connection had gone.", c(func(s replica.Counters) int64 { return s.Orphans }))
 	a.a.CounterFunc("ticketd_lost_node_withdrawals_total", "Withdraws of the queued acquires of a node out of reach (or replaced) that this node proposed as a shard's leader.", c(func(s replica.Counters) int64 { return s.LostNodeWithdrawals }))
 	a.a.CounterFunc("ticketd_late_grants_renewed_total", "Grants this node applied too late to answer at once, renewed through the log before their answer.", c(func(s replica.Counters) int64 { return s.Renewals }))
+	a.a.GaugeFunc("ticketd_raft_queued_commands", "Client requests this node holds on their way through the raft log (queued for a proposal, or proposed and not yet applied); at --max-queued, connections with many unanswered stop being read.", c(func(s replica.Counters) int64 { return s.Queued }))
 	a.a.CounterFunc("ticketd_leader_changes_total", "Leadership changes seen, over all shards.", c(func(s replica.Counters) int64 { return s.LeaderChanges }))
 	for i := range n.Status(false) {
 		shard := strconv.Itoa(i)

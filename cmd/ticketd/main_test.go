@@ -73,6 +73,7 @@ func TestDurationFlags(t *testing.T) {
 		{"node-id", "1"},
 		{"raft-snapshot-entries", "100"},
 		{"raft-rtt", "10ms"},
+		{"max-queued", "1000"},
 	}
 	for _, tc := range bad {
 		_, err := parseConfig([]string{"--" + tc.flag, tc.value}, io.Discard)
