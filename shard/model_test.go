@@ -333,6 +333,10 @@ func (m *model) sweep(now int64) int {
 		}
 	}
 	m.st.Swept += uint64(n)
+	m.maxDeadline = 0 // the latest lease end still held
+	for _, k := range m.keys {
+		m.maxDeadline = max(m.maxDeadline, k.deadline)
+	}
 	return n
 }
 

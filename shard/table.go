@@ -571,15 +571,24 @@ func (t *Table) Due(now int64, out []Command) []Command {
 	return out
 }
 
-// Sweep deletes expired keys that have no waiters (single mode, every --sweep-interval).
+// Sweep deletes expired keys that have no waiters (single mode, every --sweep-interval),
+// and lowers MaxDeadline to the latest lease end still held.
 // In Replicated mode it does nothing and returns 0: keys there end by OpExpire.
 func (t *Table) Sweep(now int64) (removed int) {
 	gone := t.gone[:0]
+	var held int64
 	t.keys.each(func(e *entry) {
 		if !t.cfg.Replicated && e.nwait == 0 && e.deadline <= now {
 			gone = append(gone, e)
+		} else {
+			held = max(held, e.deadline)
 		}
 	})
+	if !t.cfg.Replicated {
+		// Lease ends past the latest still held are gone: released early,
+		// or swept here. Replicas never lower it, as it is in their state.
+		t.maxDeadline = held
+	}
 	for i, e := range gone {
 		gone[i] = nil
 		t.keys.del(e)
@@ -660,7 +669,9 @@ func (t *Table) ShiftLeases(by int64) {
 	}
 }
 
-// MaxDeadline is the latest lease deadline ever granted (lease high-water mark).
+// MaxDeadline is the latest lease deadline granted (lease high-water mark):
+// ever in Replicated mode, else since the last Sweep, which lowers it to
+// the latest one still held.
 func (t *Table) MaxDeadline() int64 { return t.maxDeadline }
 
 // Extend moves the lease of key's grant token to end no earlier than

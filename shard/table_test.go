@@ -609,3 +609,28 @@ func TestShiftLeases(t *testing.T) {
 	}()
 	New(Config{Replicated: true}).ShiftLeases(1)
 }
+
+// Sweep lowers the lease high-water mark to the latest lease end still
+// held (single mode's durable ceiling follows it down); a replicated table,
+// whose mark is in its state, keeps it.
+func TestSweepLowersMaxDeadlineToTheLeasesHeld(t *testing.T) {
+	tb := New(Config{})
+	long := acq(tb, 0, 1, 1, "long", 3_600_000, 0)[0].Token
+	acq(tb, 0, 1, 2, "held", 20_000, 0)
+	acq(tb, 0, 1, 3, "ended", 1_000, 0)
+	rel(tb, 1e9, "long", long)
+	if got := tb.MaxDeadline(); got != 3600e9 {
+		t.Fatalf("MaxDeadline %d before the sweep, want the hour's lease end", got)
+	}
+	tb.Sweep(2e9)
+	if got := tb.MaxDeadline(); got != 20e9 {
+		t.Fatalf("MaxDeadline %d after the sweep, want 20e9, the lease still held", got)
+	}
+
+	rt := New(Config{Replicated: true})
+	rel(rt, 1e9, "long", acq(rt, 0, 1, 1, "long", 3_600_000, 0)[0].Token)
+	rt.Sweep(2e9)
+	if got := rt.MaxDeadline(); got != 3600e9 {
+		t.Fatalf("replicated MaxDeadline %d after a sweep, want it kept", got)
+	}
+}

@@ -245,8 +245,9 @@ type rigOpts struct {
 	clock       *fakeClock
 	tokenBlock  uint64
 	limits      codec.Limits
-	loops       int // event loops; 0: one
-	maxInflight int // netloop's MaxInflight; 0: its default
+	loops       int           // event loops; 0: one
+	maxInflight int           // netloop's MaxInflight; 0: its default
+	sweep       time.Duration // SweepInterval; 0: an hour
 }
 
 func startRig(t *testing.T, dir string, o rigOpts) *rig {
@@ -288,7 +289,10 @@ func startRig(t *testing.T, dir string, o rigOpts) *rig {
 			}
 		},
 	}
-	r, err := open(Options{DataDir: dir, Shards: o.shards, SweepInterval: time.Hour, Logger: zap.New(core), MaxLease: time.Hour}, e)
+	if o.sweep == 0 {
+		o.sweep = time.Hour
+	}
+	r, err := open(Options{DataDir: dir, Shards: o.shards, SweepInterval: o.sweep, Logger: zap.New(core), MaxLease: time.Hour}, e)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -524,18 +524,26 @@ func (r *Runner) restore(b []byte) error {
 }
 
 // raise applies change to the durable state and writes it, synced. The
-// ceilings it mirrors move only once the write is done, and never back.
+// ceilings it mirrors move only once the write is done, and never back
+// (but for lowerLease's).
 func (r *Runner) raise(change func(*state)) error { return r.write(change, false) }
 
 // write is raise that, with always, writes even an unchanged state (a new
 // Seq: a snapshot loaded no longer matches it).
 func (r *Runner) write(change func(*state), always bool) error {
+	return r.writeState(change, always, false)
+}
+
+// writeState is write that, with lower, lets the lease ceiling come down.
+func (r *Runner) writeState(change func(*state), always, lower bool) error {
 	r.stMu.Lock()
 	defer r.stMu.Unlock()
 	next := r.st
 	change(&next)
 	next.TokenCeil = max(next.TokenCeil, r.st.TokenCeil)
-	next.LeaseCeil = max(next.LeaseCeil, r.st.LeaseCeil)
+	if !lower {
+		next.LeaseCeil = max(next.LeaseCeil, r.st.LeaseCeil)
+	}
 	if next == r.st && next.Seq != 0 && !always {
 		return nil
 	}
@@ -560,6 +568,46 @@ func (r *Runner) raiseLease(ceil int64) error {
 		return nil
 	}
 	return r.raise(func(s *state) { s.LeaseCeil = max(s.LeaseCeil, ceil) })
+}
+
+// lowerAfter is how far above the latest lease end still held (plus
+// leaseStep) the durable lease ceiling may stand before lowerLease brings
+// it down: leases that move with the clock keep it within leaseStep, so
+// only a long lease ended early (released, or expired and swept) lowers it.
+const lowerAfter = int64(10 * time.Second)
+
+// lowerLease brings the durable lease ceiling down to the latest lease end
+// still held, plus leaseStep, once it stands lowerAfter above that: it is
+// a high-water mark, and one long lease released early would otherwise
+// set the grace of a crash restart (every key not restored refused) until
+// that lease's end. Sweep has just lowered the tables' marks. Every shard
+// is held from the reading to the write, so that no grant leaves between
+// them above the new ceiling: a synced write under all of them, at most
+// once a sweep, and only after such a lease.
+func (r *Runner) lowerLease() {
+	for _, p := range r.parts {
+		p.mu.Lock()
+	}
+	defer func() {
+		for _, p := range r.parts {
+			p.mu.Unlock()
+		}
+	}()
+	if r.closing.Load() || r.isFailed.Load() {
+		return
+	}
+	end := r.clock.now()
+	for _, p := range r.parts {
+		end = max(end, p.t.MaxDeadline(), p.t.Grace())
+	}
+	ceil := satAdd(satAdd(end, leaseStep), r.clock.ahead())
+	if r.leaseCeil.Load()-ceil < lowerAfter {
+		return
+	}
+	if err := r.writeState(func(s *state) { s.LeaseCeil = ceil }, false, true); err != nil {
+		r.fail("cannot persist lease ceiling", err)
+		return
+	}
 }
 
 // fail records that a durable write failed. No grant is answered from now
@@ -1232,6 +1280,7 @@ func (r *Runner) sweepLoop() {
 			}
 			p.mu.Unlock()
 		}
+		r.lowerLease()
 		if r.opt.SweepObserver != nil {
 			r.opt.SweepObserver.Observe(time.Since(start).Seconds())
 		}
