@@ -1,9 +1,11 @@
 package replica
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"sync"
@@ -55,6 +57,12 @@ type identity struct {
 	// node acknowledged (a torn or damaged write-ahead log, a restore from
 	// a copy), and why; every later start is refused.
 	LostEntries string `json:"lost_entries,omitempty"`
+	// Checksum is the CRC-32C of the file as written with this field
+	// empty (sealIdentity): a flipped digit that still parses, an
+	// incarnation one lower above all, would hand out the connection
+	// numbers of an earlier run again. A file without it (an earlier
+	// ticketd's) is taken as it is, and gets one when next written.
+	Checksum string `json:"checksum"`
 }
 
 type limits struct {
@@ -102,6 +110,11 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 		if err := json.Unmarshal(b, &old); err != nil {
 			d.close()
 			return nil, fmt.Errorf("data dir %q: %s is corrupt: %v", path, identityFile, err)
+		}
+		if !old.sealed(b) {
+			d.close()
+			return nil, fmt.Errorf("data dir %q: %s fails its checksum: it was damaged (or edited by hand), and what it says of this node cannot be trusted; "+
+				"put back a good copy of the file if you have one, or bring the node back as a replacement under a new id, on an empty data dir (README: replacing a node)", path, identityFile)
 		}
 		if old.LostEntries != "" {
 			d.close()
@@ -156,7 +169,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 		d.close()
 		return nil, fmt.Errorf("data dir %q: incarnation counter exhausted", path)
 	}
-	if err := writeSynced(filepath.Join(path, identityFile), &id); err != nil {
+	if err := writeIdentity(filepath.Join(path, identityFile), &id); err != nil {
 		d.close()
 		return nil, fmt.Errorf("cannot write to data dir %q: %w", path, err)
 	}
@@ -185,7 +198,7 @@ func (d *dataDir) mark(flag *bool) error {
 		return nil
 	}
 	*flag = true
-	if err := writeSynced(filepath.Join(d.path, identityFile), &d.id); err != nil {
+	if err := writeIdentity(filepath.Join(d.path, identityFile), &d.id); err != nil {
 		return fmt.Errorf("cannot write to data dir %q: %w", d.path, err)
 	}
 	return nil
@@ -197,7 +210,7 @@ func (d *dataDir) adopt(shards int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.id.Shards = shards
-	return writeSynced(filepath.Join(d.path, identityFile), &d.id)
+	return writeIdentity(filepath.Join(d.path, identityFile), &d.id)
 }
 
 // lostEntries records, durably, that the raft log has lost entries this
@@ -206,7 +219,7 @@ func (d *dataDir) lostEntries(why string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.id.LostEntries = time.Now().UTC().Format(time.RFC3339) + ": " + why
-	return writeSynced(filepath.Join(d.path, identityFile), &d.id)
+	return writeIdentity(filepath.Join(d.path, identityFile), &d.id)
 }
 
 func (old *identity) differs(id *identity) string {
@@ -220,14 +233,45 @@ func (old *identity) differs(id *identity) string {
 	return ""
 }
 
-// writeSynced replaces file with v's JSON so that a crash leaves the old
-// or the new contents, never a torn one.
-func writeSynced(file string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+// writeIdentity replaces file with id's JSON, sealed with its checksum, so
+// that a crash leaves the old or the new contents, never a torn one.
+func writeIdentity(file string, id *identity) error {
+	b, err := sealIdentity(id)
 	if err != nil {
 		return err
 	}
 	return atomicfile.Write(file, b, []byte("\n"))
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// sealIdentity is id's JSON with its checksum, taken over the same JSON
+// with the checksum empty.
+func sealIdentity(id *identity) ([]byte, error) {
+	c := *id
+	c.Checksum = ""
+	b, err := json.MarshalIndent(&c, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	c.Checksum = fmt.Sprintf("%08x", crc32.Checksum(b, castagnoli))
+	return json.MarshalIndent(&c, "", "  ")
+}
+
+// sealed tells whether b, the file id was read from, matches its checksum:
+// b with the checksum's value emptied, so that fields this version does
+// not know (a later ticketd's) are counted as written. No checksum: an
+// earlier ticketd's file.
+func (id *identity) sealed(b []byte) bool {
+	if id.Checksum == "" {
+		return true
+	}
+	field := []byte(`"checksum": "` + id.Checksum + `"`)
+	if bytes.Count(b, field) != 1 {
+		return false
+	}
+	b = bytes.Replace(bytes.TrimRight(b, "\n"), field, []byte(`"checksum": ""`), 1)
+	return fmt.Sprintf("%08x", crc32.Checksum(b, castagnoli)) == id.Checksum
 }
 
 func (d *dataDir) close() { _ = d.lock.Close() }

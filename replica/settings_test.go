@@ -252,7 +252,7 @@ func TestEarlierDataDirReplaysUnderItsPinnedLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 		id := identity{Node: uint32(i + 1), Peers: c.peers, Shards: 2, Incarnation: 1, Limits: &limits{MaxKeys: 6, MaxWaiters: 8, MaxWaitersPerKey: 3}}
-		if err := writeSynced(filepath.Join(dir, identityFile), &id); err != nil {
+		if err := writeLegacyIdentity(filepath.Join(dir, identityFile), &id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -648,4 +648,13 @@ func TestNodeStampIsUniquePerNode(t *testing.T) {
 			seen[s] = id
 		}
 	}
+}
+
+// writeLegacyIdentity writes id as a ticketd before the checksum did.
+func writeLegacyIdentity(file string, id *identity) error {
+	b, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, append(b, '\n'), 0o644)
 }
