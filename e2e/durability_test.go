@@ -376,3 +376,21 @@ func TestCrashGraceOnMetrics(t *testing.T) {
 		t.Fatalf("acquire within the grace: %q, want %q", got, timedOut("o", "other"))
 	}
 }
+
+// A long lease released before the last sweep no longer sets the grace of
+// a crash restart; one still held does.
+func TestCrashGraceAfterALongLeaseReleased(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := startServerDir(t, dir, "--admin", "127.0.0.1:0", "--sweep-interval", "100ms")
+	c := s.dial(t)
+	c.release(c.acquire("o", "hour", 3_600_000, 0), "hour")
+	c.acquire("o", "held", 30_000, 0)
+	time.Sleep(time.Second) // sweeps
+	s.kill()
+	s = startServerDir(t, dir, "--admin", "127.0.0.1:0", "--sweep-interval", "100ms")
+	v, err := s.metric("ticketd_crash_grace_seconds")
+	if err != nil || v < 25 || v > 40 {
+		t.Fatalf("after a kill -9 with an hour's lease released and a 30 s one held: ticketd_crash_grace_seconds %v, %v; want about 30", v, err)
+	}
+}
