@@ -27,6 +27,8 @@ const usage = `usage:
         hold idle connections until stdin closes (used by the suite)
   bench burst -addr HOST:PORT [-conns N]
         dial N connections at once, one round trip on each, and say how long the slowest took
+  bench flood -addr HOST:PORT [-conns N] [-duration D]
+        N connections that pipeline acquires and never read (what --max-queued bounds)
 `
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -58,6 +60,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = holdMain(args, stdin, stdout)
 	case "burst":
 		err = burstMain(ctx, args, stdout)
+	case "flood":
+		err = floodMain(ctx, args, stdout)
 	default:
 		fmt.Fprint(stderr, usage)
 		return 2
