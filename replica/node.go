@@ -1797,7 +1797,13 @@ func (n *Node) mayHandBack(g *group, want uint32, now time.Time) bool {
 func (n *Node) quorumLoop() {
 	quiet := n.opt.UnavailableTimeout / 2
 	var ids []uint64
+	var crowdSaid time.Time
 	n.every(quiet, func() {
+		if q := n.queued.Load(); q >= int64(n.opt.MaxQueued) && time.Since(crowdSaid) >= time.Minute {
+			crowdSaid = time.Now()
+			n.log.Warn("this node holds --max-queued requests on their way through the raft log: connections with 32 or more unanswered are not read until it drains (clients pipelining more than the cluster commits)",
+				zap.Int64("queued", q), zap.Int("max_queued", n.opt.MaxQueued))
+		}
 		for _, g := range n.grps {
 			f := g.fsm.Load()
 			if f == nil || sinceMono(g.lastOK.Load()) < quiet {
