@@ -890,6 +890,27 @@ func (g *group) logGiveUp(waited, leaderless time.Duration, requests bool) {
 		zap.Duration("no_leader_for", leaderless), zap.Uint64("leader", g.leader.Load()))
 }
 
+// unledFor is how long every shard must have been without a leader, with
+// peers in reach, before the node says what may be the cause: a node that
+// a replace took out while it was down is never told so.
+const unledFor = 30 * time.Second
+
+// unledWithPeers tells whether no shard has known a leader for unledFor
+// while some peer's raft connection works.
+func (n *Node) unledWithPeers() bool {
+	for _, g := range n.grps {
+		if since := g.leaderless.Load(); since == 0 || sinceMono(since) < unledFor {
+			return false
+		}
+	}
+	for id := range n.members.Load().addrs {
+		if id != n.opt.NodeID && n.reachable(id) {
+			return true
+		}
+	}
+	return false
+}
+
 // leaderChanged returns a channel closed at the shard's next leader change.
 func (g *group) leaderChanged() <-chan struct{} {
 	g.changeMu.Lock()
@@ -1797,8 +1818,15 @@ func (n *Node) mayHandBack(g *group, want uint32, now time.Time) bool {
 func (n *Node) quorumLoop() {
 	quiet := n.opt.UnavailableTimeout / 2
 	var ids []uint64
-	var crowdSaid time.Time
+	var crowdSaid, removedSaid time.Time
 	n.every(quiet, func() {
+		if time.Since(removedSaid) >= 5*time.Minute && n.unledWithPeers() {
+			removedSaid = time.Now()
+			n.log.Warn("no shard of this node has had a leader for "+unledFor.String()+" although its peers' raft ports answer: "+
+				"if a replace (POST /cluster/replace) took this node out while it was down, the others drop its messages, and it must not run again (README: replacing a node); "+
+				"otherwise fewer than a majority of the members are up, or their --peers do not name this node at this raft address",
+				zap.Uint32("node", n.opt.NodeID), zap.String("raft_address", n.opt.Peers[n.opt.NodeID]))
+		}
 		if q := n.queued.Load(); q >= int64(n.opt.MaxQueued) && time.Since(crowdSaid) >= time.Minute {
 			crowdSaid = time.Now()
 			n.log.Warn("this node holds --max-queued requests on their way through the raft log: connections with 32 or more unanswered are not read until it drains (clients pipelining more than the cluster commits)",

@@ -266,3 +266,32 @@ func TestPeersThatAreNotTheMembersAreSaid(t *testing.T) {
 		t.Fatalf("said %d times, want once", got)
 	}
 }
+
+// A node whose shards have all gone without a leader for unledFor while a
+// peer's raft port answers (a replace took it out while it was down) says
+// what may be the cause; not while a shard has a leader, nor while no
+// peer is in reach (a partition, a cluster still starting).
+func TestUnledWithPeersInReach(t *testing.T) {
+	n := &Node{opt: Options{NodeID: 1}, reach: map[string]bool{}}
+	n.members.Store(newMemberSet(map[uint32]string{1: "a:1", 2: "b:1", 3: "c:1"}))
+	g0, g1 := &group{n: n}, &group{n: n}
+	n.grps = []*group{g0, g1}
+	long := monoNow() - int64(unledFor) - int64(time.Second)
+	g0.leaderless.Store(long)
+	g1.leaderless.Store(long)
+	if n.unledWithPeers() {
+		t.Fatal("said with no peer in reach")
+	}
+	n.reach["b:1"] = true
+	if !n.unledWithPeers() {
+		t.Fatal("not said with every shard leaderless and a peer in reach")
+	}
+	g1.leaderless.Store(0)
+	if n.unledWithPeers() {
+		t.Fatal("said while a shard has a leader")
+	}
+	g1.leaderless.Store(monoNow())
+	if n.unledWithPeers() {
+		t.Fatal("said of a shard leaderless for a moment")
+	}
+}
