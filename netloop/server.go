@@ -372,6 +372,9 @@ func (s *Server) Loops() int {
 // Conn returns the open connection with that id, or nil.
 func (s *Server) Conn(id uint64) *Conn { return s.reg.get(id) }
 
+// Open is how many connections are open now.
+func (s *Server) Open() int64 { return s.conns.Load() }
+
 // Stats reads the counters.
 func (s *Server) Stats() Stats {
 	return Stats{

@@ -61,9 +61,10 @@ func TestClusterCrowdedConnectionWaitsAndOthersDoNot(t *testing.T) {
 	}
 	close(stop)
 	<-sampled
-	// Past the bound by at most one batch of frames read before the
-	// check (netloop's maxBatch) and the light connection's share.
-	if bound := int64(maxQueued + 256 + crowdShare); most.Load() > bound {
+	// At most the bound and every connection's share of it (together the
+	// bound again), and one batch of frames read before the check
+	// (netloop's maxBatch).
+	if bound := int64(2*maxQueued + 256); most.Load() > bound {
 		t.Fatalf("the node held %d commands on their way through the log, bound %d", most.Load(), bound)
 	}
 	t.Logf("most held: %d", most.Load())
@@ -79,4 +80,60 @@ func waitUntil(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// However many connections flood a node at once, it holds about twice
+// MaxQueued at most: their shares of it shrink as they come.
+func TestClusterManyFloodingConnectionsShareTheBound(t *testing.T) {
+	const maxQueued, conns, frames = 200, 40, 1500
+	c := newTestClusterWith(t, 2, func(o *Options) { o.MaxQueued = maxQueued })
+	n := c.nodes[0]
+	lines := make([]*line, conns)
+	for i := range lines {
+		lines[i] = c.dial(0)
+	}
+	var most atomic.Int64
+	stop, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if q := n.queued.Load(); q > most.Load() {
+				most.Store(q)
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+	}()
+	errs := make(chan error, conns)
+	for i, l := range lines {
+		var b strings.Builder
+		for j := range frames {
+			fmt.Fprintf(&b, "A o%d f%d-%d 60000 0\n", j, i, j)
+		}
+		go func() { _, err := l.c.Write([]byte(b.String())); errs <- err }()
+	}
+	for i, l := range lines {
+		_ = l.c.SetReadDeadline(time.Now().Add(60 * time.Second))
+		for j := range frames {
+			if got, err := l.r.ReadString('\n'); err != nil || !strings.HasPrefix(got, "A ") {
+				t.Fatalf("connection %d, answer %d: %q, %v", i, j, got, err)
+			}
+		}
+	}
+	for range conns {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-sampled
+	if bound := int64(2*maxQueued + 256); most.Load() > bound {
+		t.Fatalf("%d connections flooding: the node held %d commands on their way through the log, bound %d", conns, most.Load(), bound)
+	}
+	t.Logf("most held: %d", most.Load())
+	waitUntil(t, func() bool { return n.queued.Load() == 0 })
 }

@@ -60,8 +60,9 @@ type Options struct {
 	SnapshotEntries    uint64        // log entries between snapshots; default 20000
 	// MaxQueued bounds the clients' commands this node holds on their way
 	// through the log (queued for a proposal, or proposed and not yet
-	// applied); default DefaultMaxQueued. Past it, connections with
-	// crowdShare or more of them stop being read (Crowded).
+	// applied); default DefaultMaxQueued. Past it, connections with more
+	// than their share of it stop being read (Crowded), so that the node
+	// holds at most about twice it.
 	MaxQueued int
 
 	// Optional observers: seconds from proposing a batch to its commit
@@ -161,12 +162,6 @@ type Observer interface{ Observe(float64) }
 // changes in 25 s) and E unavailable for well-behaved clients. A pipelined
 // bench of 50 connections at depth 64 holds under 7,000.
 const DefaultMaxQueued = 32768
-
-// crowdShare is how many of its requests a connection may have on their
-// way through the log while the node holds MaxQueued: those with fewer,
-// depth-1 clients among them, are still read, so that a few connections
-// that send without end keep nobody else waiting behind them.
-const crowdShare = 32
 
 func perShard(total, shards int) int {
 	if total <= 0 {
@@ -686,12 +681,25 @@ func (g *group) settle(id uint64) {
 
 // Crowded implements netloop.Crowder: while the node holds MaxQueued of
 // its clients' commands on their way through the log, a connection with
-// crowdShare or more requests unanswered, not counting acquires queued
-// for their key (which only a release or a timeout ends), is not read.
-// It is read again as its answers come or the node drains.
+// its share of MaxQueued (MaxQueued over the open connections) or more
+// requests unanswered, not counting acquires queued for their key (which
+// only a release or a timeout ends), is not read. It is read again as its
+// answers come or the node drains. Those under their share, depth-1
+// clients among them, are read on: a few connections that send without
+// end keep nobody else waiting behind them, and all the shares together
+// are MaxQueued, so that the node holds at most about twice that (and a
+// read's frames more per loop), however many connections there are.
 func (n *Node) Crowded(c *netloop.Conn) bool {
-	return c.Pending() >= crowdShare && n.queued.Load() >= int64(n.opt.MaxQueued) &&
-		c.Pending()-n.Queued(c) >= crowdShare
+	most := int64(n.opt.MaxQueued)
+	if n.queued.Load() < most {
+		return false
+	}
+	share := most
+	if srv := n.srv.Load(); srv != nil {
+		share = max(1, most/max(1, srv.Open()))
+	}
+	p := int64(c.Pending())
+	return p >= share && p-int64(n.Queued(c)) >= share
 }
 
 // Queued implements netloop.Backend: the connection's acquires that
@@ -1829,7 +1837,7 @@ func (n *Node) quorumLoop() {
 		}
 		if q := n.queued.Load(); q >= int64(n.opt.MaxQueued) && time.Since(crowdSaid) >= time.Minute {
 			crowdSaid = time.Now()
-			n.log.Warn("this node holds --max-queued requests on their way through the raft log: connections with 32 or more unanswered are not read until it drains (clients pipelining more than the cluster commits)",
+			n.log.Warn("this node holds --max-queued requests on their way through the raft log: connections with more than their share of it unanswered are not read until it drains (clients pipelining more than the cluster commits)",
 				zap.Int64("queued", q), zap.Int("max_queued", n.opt.MaxQueued))
 		}
 		for _, g := range n.grps {
