@@ -60,8 +60,9 @@ type identity struct {
 	// Checksum is the CRC-32C of the file as written with this field
 	// empty (sealIdentity): a flipped digit that still parses, an
 	// incarnation one lower above all, would hand out the connection
-	// numbers of an earlier run again. A file without it (an earlier
-	// ticketd's) is taken as it is, and gets one when next written.
+	// numbers of an earlier run again. A file without it is an earlier
+	// ticketd's, taken as it is if it holds only fields this one knows
+	// (sealed), and sealed when next written.
 	Checksum string `json:"checksum"`
 }
 
@@ -259,12 +260,21 @@ func sealIdentity(id *identity) ([]byte, error) {
 }
 
 // sealed tells whether b, the file id was read from, matches its checksum:
-// b with the checksum's value emptied, so that fields this version does
-// not know (a later ticketd's) are counted as written. No checksum: an
-// earlier ticketd's file.
+// b as it is, with the checksum's value emptied, so that a field this
+// version does not know (a later ticketd's) counts as written, and the
+// layout must be sealIdentity's (a file re-indented by hand fails). A
+// file without a checksum is an earlier ticketd's, which wrote no other
+// field than this one knows and no checksum key: one that has either
+// lost its checksum to damage (the key's name, or its value).
 func (id *identity) sealed(b []byte) bool {
 	if id.Checksum == "" {
-		return true
+		if bytes.Contains(b, []byte(`"checksum"`)) {
+			return false
+		}
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.DisallowUnknownFields()
+		var strict identity
+		return d.Decode(&strict) == nil
 	}
 	field := []byte(`"checksum": "` + id.Checksum + `"`)
 	if bytes.Count(b, field) != 1 {

@@ -45,6 +45,22 @@ func TestClusterJSONIsChecked(t *testing.T) {
 		t.Fatalf("start on a cluster.json with its incarnation lowered: %v; want a refusal for its checksum", err)
 	}
 
+	// Damage that takes the checksum itself away reads as neither sealed
+	// nor an earlier ticketd's file: a key renamed (then unknown), or a
+	// value emptied.
+	for _, c := range []struct{ from, to string }{
+		{`"checksum"`, `"checksun"`},
+		{`"checksum": "`, `"checksum": "",  "x": "`},
+	} {
+		lost := bytes.Replace(damaged, []byte(c.from), []byte(c.to), 1)
+		if err := os.WriteFile(file(dir), lost, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := open(dir); err == nil || !strings.Contains(err.Error(), "fails its checksum") {
+			t.Fatalf("start on a cluster.json whose checksum was lost (%s): %v; want a refusal", c.to, err)
+		}
+	}
+
 	legacy := t.TempDir()
 	id := identity{Node: 1, Peers: peers, Shards: 2, Incarnation: 5}
 	if err := writeLegacyIdentity(file(legacy), &id); err != nil {

@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -650,11 +651,13 @@ func TestNodeStampIsUniquePerNode(t *testing.T) {
 	}
 }
 
-// writeLegacyIdentity writes id as a ticketd before the checksum did.
+// writeLegacyIdentity writes id as a ticketd before the checksum did,
+// which had no such field.
 func writeLegacyIdentity(file string, id *identity) error {
 	b, err := json.MarshalIndent(id, "", "  ")
 	if err != nil {
 		return err
 	}
+	b = bytes.Replace(b, []byte(",\n  \"checksum\": \"\""), nil, 1)
 	return os.WriteFile(file, append(b, '\n'), 0o644)
 }
