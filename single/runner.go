@@ -606,7 +606,6 @@ func (r *Runner) lowerLease() {
 	}
 	if err := r.writeState(func(s *state) { s.LeaseCeil = ceil }, false, true); err != nil {
 		r.fail("cannot persist lease ceiling", err)
-		return
 	}
 }
 
