@@ -61,6 +61,8 @@ type sink interface {
 	// behind tells that the log holds a later incarnation of this node
 	// than this run's: its data dir went back (restored from a copy).
 	behind(shardIdx int, logInc uint64)
+	// applied names this run's batches that this replica has applied.
+	applied(shardIdx int, batches []uint64)
 }
 
 // fsm is one replica of one shard: a shard.Table in Replicated mode plus
@@ -98,6 +100,7 @@ type fsm struct {
 	lapsed    []shard.Answer  // this node's grants too late even to renew, per Update
 	gone      []uint64        // this node's connections whose queued acquires the leader withdrew, per Update
 	behindInc uint64          // a later incarnation of this node found in the log, per Update
+	ownDone   []uint64        // this run's batches applied, per Update
 	notices   []header        // hand-over notices applied, per Update
 	// inc is this run's incarnation, and snapOwn the batch ids of this run
 	// that a snapshot received had applied: their answers never came out
@@ -167,6 +170,7 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.lapsed = f.lapsed[:0]
 	f.gone = f.gone[:0]
 	f.behindInc = 0
+	f.ownDone = f.ownDone[:0]
 	f.arena = emptied(f.arena)
 	f.notices = f.notices[:0]
 	var err error
@@ -184,6 +188,10 @@ func (f *fsm) Update(ents []sm.Entry) ([]sm.Entry, error) {
 	f.mu.Unlock()
 	if moved {
 		f.timersMoved()
+	}
+	if len(f.ownDone) > 0 && f.out != nil {
+		// Before the answers: a connection they free may send more at once.
+		f.out.applied(f.idx, f.ownDone)
 	}
 	if len(f.mine) > 0 && f.out != nil {
 		f.out.deliver(f.idx, f.mine)
@@ -352,6 +360,9 @@ func (f *fsm) applyEntry(b []byte) (uint64, error) {
 			return resultApplied, nil
 		}
 		p.seen[h.batch] = struct{}{}
+		if mine {
+			f.ownDone = append(f.ownDone, h.batch)
+		}
 	}
 	for n := uint64(0); n < h.count; n++ {
 		r.command(h.node, &f.cmd)

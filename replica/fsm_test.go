@@ -48,6 +48,8 @@ func (r *recorder) behind(_ int, logInc uint64) {
 	r.got = append(r.got, fmt.Sprintf("behind %d", logInc))
 }
 
+func (r *recorder) applied(int, []uint64) {}
+
 type batch struct {
 	h    header
 	cmds []shard.Command

@@ -222,7 +222,7 @@ type Node struct {
 
 	stats nodeStats
 	// queued counts the clients' commands in the groups' pend and in
-	// their batches in flight (Options.MaxQueued).
+	// their batches in flight until they apply here (Options.MaxQueued).
 	queued atomic.Int64
 }
 
@@ -242,13 +242,16 @@ type group struct {
 	fsm atomic.Pointer[fsm]
 
 	mu    sync.Mutex
-	pend  []byte              // encoded commands waiting for the next proposal
-	pendN uint64              // how many
-	mine  int64               // how many of them came from this node's clients (Node.queued)
-	conns []uint64            // local connections with a request in pend
-	next  uint64              // batch id of the next proposal
-	open  map[uint64]struct{} // batch ids in flight: the floor is the least
-	force bool                // propose even an empty batch (see quorumLoop)
+	pend  []byte // encoded commands waiting for the next proposal
+	pendN uint64 // how many
+	mine  int64  // how many of them came from this node's clients (Node.queued)
+	// minesOut: of the batches in flight, those with clients' commands,
+	// and how many (Node.queued), until they apply here or settle.
+	minesOut map[uint64]int64
+	conns    []uint64            // local connections with a request in pend
+	next     uint64              // batch id of the next proposal
+	open     map[uint64]struct{} // batch ids in flight: the floor is the least
+	force    bool                // propose even an empty batch (see quorumLoop)
 	// redo: the commands in pend that no client waits for, withdraws and
 	// orphans' releases; a batch given up queues them again, as nobody
 	// else would retry them (a withdraw lost left the connection's acquires
@@ -439,7 +442,7 @@ func Start(opt Options) (*Node, error) {
 	n.grps = make([]*group, opt.Shards)
 	for i := range n.grps {
 		g := &group{n: n, idx: i, id: uint64(i + 1), kick: make(chan struct{}, 1), slots: make(chan struct{}, maxInflight), next: 1,
-			open: make(map[uint64]struct{})}
+			open: make(map[uint64]struct{}), minesOut: make(map[uint64]int64)}
 		n.grps[i] = g
 		create := func(shardID, replicaID uint64) sm.IConcurrentStateMachine {
 			f := newFSM(int(shardID-1), opt.NodeID, tcfg, n)
@@ -759,6 +762,26 @@ func (n *Node) renew(idx int, cmds []shard.Command) {
 	}
 }
 
+// applied implements sink: this run's batches applied here are no longer
+// on their way through the log.
+func (n *Node) applied(idx int, batches []uint64) {
+	g := n.grps[idx]
+	for _, id := range batches {
+		g.appliedMine(id)
+	}
+}
+
+// appliedMine takes batch id's clients' commands off Node.queued, once.
+func (g *group) appliedMine(id uint64) {
+	g.mu.Lock()
+	m, ok := g.minesOut[id]
+	delete(g.minesOut, id)
+	g.mu.Unlock()
+	if ok {
+		g.n.queued.Add(-m)
+	}
+}
+
 // lost closes with E unavailable this run's connections whose queued
 // acquires a snapshot decided (fsm.lost): granted or timed out, which this
 // node cannot tell. A grant among them stays until its lease ends.
@@ -991,7 +1014,10 @@ func (g *group) proposer() {
 			g.open[id] = struct{}{}
 			h := header{node: g.n.opt.NodeID, inc: g.n.inc, batch: id, count: g.pendN}
 			body := append([]byte(nil), g.pend...)
-			conns, count, mine := g.conns, g.pendN, g.mine
+			conns, count := g.conns, g.pendN
+			if g.mine > 0 {
+				g.minesOut[id] = g.mine
+			}
 			redo, redoN := append([]byte(nil), g.redo...), g.redoN
 			g.pend, g.pendN, g.mine, g.conns, g.force = emptied(g.pend), 0, 0, nil, false
 			g.redo, g.redoN = emptied(g.redo), 0
@@ -1008,7 +1034,7 @@ func (g *group) proposer() {
 				// connections are told E unavailable next, and a copy
 				// that commits later is refused below the floor).
 				g.settle(h.batch)
-				g.n.queued.Add(-mine)
+				g.appliedMine(h.batch) // if it did not apply here: given up, or stopping
 				if !ok {
 					g.n.fail(conns, codec.ErrUnavailable)
 				}
