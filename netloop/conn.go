@@ -581,9 +581,6 @@ func (s *Server) parse(c *Conn, buf []byte, out []byte, unsent int) ([]byte, int
 		if c.inflight >= maxIn || len(out) >= maxOut {
 			break
 		}
-		if s.crowd != nil && s.crowd.Crowded(c) {
-			break
-		}
 		reqs = reqs[:len(reqs)+1]
 		n, perr := codec.ParseRequest(buf[consumed:], s.cfg.Limits, &reqs[len(reqs)-1])
 		if perr != nil {
@@ -602,7 +599,7 @@ func (s *Server) parse(c *Conn, buf []byte, out []byte, unsent int) ([]byte, int
 			action = gnet.Close
 			break
 		}
-		if n == 0 {
+		if n == 0 || s.crowd != nil && !s.crowd.Admit(c) {
 			reqs = reqs[:len(reqs)-1]
 			break
 		}

@@ -14,6 +14,7 @@ type crowdBackend struct {
 }
 
 func (b *crowdBackend) Crowded(c *Conn) bool { return b.crowded.Load() && c.Pending() >= 2 }
+func (b *crowdBackend) Admit(c *Conn) bool   { return !b.Crowded(c) }
 
 // A crowded Backend stops the reading of the connections it names, and of
 // no other, and they go on once it is not crowded and an answer wakes them.

@@ -53,11 +53,14 @@ type LateRenewer interface {
 }
 
 // Crowder is a Backend that can hold more requests than it wants to
-// (cluster mode: commands waiting on the replicated log). Crowded is asked
-// on c's loop before each of c's frames and before c is read again: true
+// (cluster mode: commands waiting on the replicated log). Admit is asked
+// for each frame parsed from c before it is handed to Handle: true counts
+// it in (the Backend's count, not Handle, takes it), false leaves it and
+// what follows unread. Crowded is asked before c is read again: true
 // stops reading c until a later ask says false. c is asked again when an
 // answer reaches it, and on the parked connections' timer.
 type Crowder interface {
+	Admit(c *Conn) bool
 	Crowded(c *Conn) bool
 }
 

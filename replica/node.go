@@ -61,8 +61,8 @@ type Options struct {
 	// MaxQueued bounds the clients' commands this node holds on their way
 	// through the log (queued for a proposal, or proposed and not yet
 	// applied); default DefaultMaxQueued. Past it, connections with more
-	// than their share of it stop being read (Crowded), so that the node
-	// holds at most about twice it.
+	// than their share of it stop being read (Crowded), and at twice it
+	// every connection does.
 	MaxQueued int
 
 	// Optional observers: seconds from proposing a batch to its commit
@@ -544,6 +544,7 @@ func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte
 		// Stopping: not carried out, not answered. The connection stays
 		// open for the answers to what it sent before, and closes with
 		// the network side.
+		n.queued.Add(-int64(len(reqs))) // counted by Admit
 		return out, 0, false
 	}
 	local := c.ID()
@@ -557,7 +558,6 @@ func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte
 	var cmd shard.Command
 	for i := 0; i < grp.Len(); {
 		sh, run := grp.Run(i)
-		i += len(run)
 		g := n.grps[sh]
 		g.mu.Lock()
 		if n.closing.Load() {
@@ -565,8 +565,10 @@ func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte
 			// shards hold (idle, under g.mu) and then times out the queued
 			// acquires, so what is not in g.pend by now must stay out.
 			g.mu.Unlock()
+			n.queued.Add(-int64(len(reqs) - i)) // counted by Admit
 			break
 		}
+		i += len(run)
 		first := g.pendN == 0
 		for _, j := range run {
 			q := &reqs[j]
@@ -583,8 +585,7 @@ func (n *Node) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte
 			g.pend = appendCommand(g.pend, &cmd)
 			g.pendN++
 		}
-		g.mine += int64(len(run))
-		n.queued.Add(int64(len(run)))
+		g.mine += int64(len(run)) // in Node.queued since Admit
 		if len(g.conns) == 0 || g.conns[len(g.conns)-1] != local {
 			g.conns = append(g.conns, local)
 		}
@@ -688,14 +689,18 @@ func (g *group) settle(id uint64) {
 // requests unanswered, not counting acquires queued for their key (which
 // only a release or a timeout ends), is not read. It is read again as its
 // answers come or the node drains. Those under their share, depth-1
-// clients among them, are read on: a few connections that send without
-// end keep nobody else waiting behind them, and all the shares together
-// are MaxQueued, so that the node holds at most about twice that (and a
-// read's frames more per loop), however many connections there are.
+// clients among them, are read on, so that a few connections that send
+// without end keep nobody else waiting behind them, until the node holds
+// twice MaxQueued: then none is (the shares of connections that came and
+// went as the backlog stood need not add up to MaxQueued).
 func (n *Node) Crowded(c *netloop.Conn) bool {
 	most := int64(n.opt.MaxQueued)
-	if n.queued.Load() < most {
+	q := n.queued.Load()
+	if q < most {
 		return false
+	}
+	if q >= 2*most {
+		return true
 	}
 	share := most
 	if srv := n.srv.Load(); srv != nil {
@@ -703,6 +708,20 @@ func (n *Node) Crowded(c *netloop.Conn) bool {
 	}
 	p := int64(c.Pending())
 	return p >= share && p-int64(n.Queued(c)) >= share
+}
+
+// Admit implements netloop.Crowder: a frame read while c is not Crowded
+// is counted at once, before the batch it is in reaches Handle, so that
+// frames read at the same time (every event loop's, and those of
+// connections whose clients closed their side, parsed off the loops) cannot
+// all pass the check together: the node holds at most twice MaxQueued, and
+// one frame more per parse running.
+func (n *Node) Admit(c *netloop.Conn) bool {
+	if n.Crowded(c) {
+		return false
+	}
+	n.queued.Add(1)
+	return true
 }
 
 // Queued implements netloop.Backend: the connection's acquires that
@@ -927,15 +946,20 @@ func (g *group) logGiveUp(waited, leaderless time.Duration, requests bool) {
 const unledFor = 30 * time.Second
 
 // unledWithPeers tells whether no shard has known a leader for unledFor
-// while some peer's raft connection works.
+// while some peer's raft connection has worked all that time.
 func (n *Node) unledWithPeers() bool {
 	for _, g := range n.grps {
 		if since := g.leaderless.Load(); since == 0 || sinceMono(since) < unledFor {
 			return false
 		}
 	}
-	for id := range n.members.Load().addrs {
-		if id != n.opt.NodeID && n.reachable(id) {
+	m := n.members.Load()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for id, addr := range m.addrs {
+		// In reach all along: a peer that has just come up (a cluster
+		// started one node at a time) is in reach before its elections end.
+		if id != n.opt.NodeID && n.reach[addr] && time.Since(n.reachSince[addr]) >= unledFor {
 			return true
 		}
 	}
@@ -1858,7 +1882,7 @@ func (n *Node) quorumLoop() {
 			removedSaid = time.Now()
 			n.log.Warn("no shard of this node has had a leader for "+unledFor.String()+" although its peers' raft ports answer: "+
 				"if a replace (POST /cluster/replace) took this node out while it was down, the others drop its messages, and it must not run again (README: replacing a node); "+
-				"otherwise fewer than a majority of the members are up, or their --peers do not name this node at this raft address",
+				"otherwise fewer than a majority of the members are up or reach each other, or their --peers do not name this node at this raft address",
 				zap.Uint32("node", n.opt.NodeID), zap.String("raft_address", n.opt.Peers[n.opt.NodeID]))
 		}
 		if q := n.queued.Load(); q >= int64(n.opt.MaxQueued) && time.Since(crowdSaid) >= time.Minute {

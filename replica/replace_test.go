@@ -268,11 +268,12 @@ func TestPeersThatAreNotTheMembersAreSaid(t *testing.T) {
 }
 
 // A node whose shards have all gone without a leader for unledFor while a
-// peer's raft port answers (a replace took it out while it was down) says
-// what may be the cause; not while a shard has a leader, nor while no
-// peer is in reach (a partition, a cluster still starting).
+// peer's raft port answered all along (a replace took it out while it was
+// down) says what may be the cause; not while a shard has a leader, nor
+// while no peer is in reach (a partition, a cluster still starting), nor
+// when the peer has just come up (a cluster started one node at a time).
 func TestUnledWithPeersInReach(t *testing.T) {
-	n := &Node{opt: Options{NodeID: 1}, reach: map[string]bool{}}
+	n := &Node{opt: Options{NodeID: 1}, reach: map[string]bool{}, reachSince: map[string]time.Time{}}
 	n.members.Store(newMemberSet(map[uint32]string{1: "a:1", 2: "b:1", 3: "c:1"}))
 	g0, g1 := &group{n: n}, &group{n: n}
 	n.grps = []*group{g0, g1}
@@ -282,9 +283,13 @@ func TestUnledWithPeersInReach(t *testing.T) {
 	if n.unledWithPeers() {
 		t.Fatal("said with no peer in reach")
 	}
-	n.reach["b:1"] = true
+	n.reach["b:1"], n.reachSince["b:1"] = true, time.Now()
+	if n.unledWithPeers() {
+		t.Fatal("said with a peer just come up (its elections still to come)")
+	}
+	n.reachSince["b:1"] = time.Now().Add(-unledFor - time.Second)
 	if !n.unledWithPeers() {
-		t.Fatal("not said with every shard leaderless and a peer in reach")
+		t.Fatal("not said with every shard leaderless and a peer in reach all along")
 	}
 	g1.leaderless.Store(0)
 	if n.unledWithPeers() {

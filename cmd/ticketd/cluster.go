@@ -45,7 +45,7 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.join, "join", false, "cluster mode: this node replaces a lost one and joins the existing shards (README: replacing a node); only on its first start")
 	fs.BoolVar(&c.bootstrap, "bootstrap", false, "cluster mode: the first start of a new cluster, on empty data dirs (without it or --join, a node whose data dir holds no cluster state is refused); leave it out of later starts")
 	fs.Uint64Var(&c.snapshotEntries, "raft-snapshot-entries", 20000, "cluster mode: log entries per shard between snapshots (a lagging node catches up from the latest one)")
-	fs.IntVar(&c.maxQueued, "max-queued", replica.DefaultMaxQueued, "cluster mode: client requests this node holds on their way through the raft log; past it, connections with more than their share of it (it over the open connections) unanswered stop being read until it drains, so that the node holds at most about twice it")
+	fs.IntVar(&c.maxQueued, "max-queued", replica.DefaultMaxQueued, "cluster mode: client requests this node holds on their way through the raft log; past it, connections with more than their share of it (it over the open connections) unanswered stop being read until it drains, and at twice it every connection")
 	fs.StringVar(&c.clockOffsetFile, "unsafe-test-clock-offset-file", "", "FOR TESTS ONLY: read a signed offset (e.g. -1.5s) from this file every 50ms and add it to the wall clock this node stamps and times leases by")
 	fs.VisitAll(func(f *flag.Flag) {
 		if strings.HasPrefix(f.Usage, "cluster mode:") || f.Name == "unsafe-test-clock-offset-file" {
