@@ -328,6 +328,15 @@ const handBackSettle = 3 * time.Second
 
 const maxInflight = 4 // proposals in flight per shard: fewer, fuller batches under load
 
+// release ends what Start took, once the node host is made: the lost
+// entries hook, the node host and the data dir's lock. Close, or a start
+// that fails.
+func (n *Node) release() {
+	lostTo.CompareAndSwap(n.lostHook, nil)
+	n.nh.Close()
+	n.dir.close()
+}
+
 // Start opens the data dir and starts the NodeHost and every shard's replica
 // (which replay their logs); Attach then starts proposing and taking requests.
 func Start(opt Options) (*Node, error) {
@@ -395,17 +404,13 @@ func Start(opt Options) (*Node, error) {
 	lostTo.Store(n.lostHook)
 	n.nh = nh
 	if dir.id.ShardsMade && !anyShard(nh, opt.NodeID, opt.Shards) {
-		lostTo.CompareAndSwap(n.lostHook, nil)
-		nh.Close()
-		dir.close()
+		n.release()
 		return nil, fmt.Errorf("data dir %q belongs to node %d, whose raft state under raft/ holds none of its shards: "+
 			"starting would forget what it acknowledged; bring the node back as a replacement with an empty data dir (README: replacing a node)",
 			dir.path, opt.NodeID)
 	}
 	if err := dir.raftMade(); err != nil {
-		lostTo.CompareAndSwap(n.lostHook, nil)
-		nh.Close()
-		dir.close()
+		n.release()
 		return nil, err
 	}
 	// Dragonboat records the members at bootstrap; a restart passes none
@@ -472,17 +477,13 @@ func Start(opt Options) (*Node, error) {
 			err = startFault(i)
 		}
 		if err != nil {
-			lostTo.CompareAndSwap(n.lostHook, nil)
-			nh.Close()
-			dir.close()
+			n.release()
 			return nil, fmt.Errorf("cannot start shard %d: %w", i, err)
 		}
 		g.sess = nh.GetNoOPSession(g.id)
 	}
 	if err := dir.shardsMade(); err != nil {
-		lostTo.CompareAndSwap(n.lostHook, nil)
-		nh.Close()
-		dir.close()
+		n.release()
 		return nil, err
 	}
 	n.log.Info("cluster node started",
@@ -2903,9 +2904,7 @@ func (n *Node) Close() error {
 		n.useMu.Lock()
 		n.useEnded = true
 		n.useMu.Unlock()
-		lostTo.CompareAndSwap(n.lostHook, nil)
-		n.nh.Close()
-		n.dir.close()
+		n.release()
 	})
 	return nil
 }
