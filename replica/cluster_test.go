@@ -518,17 +518,24 @@ func (c *testCluster) replaceThird(ctx context.Context) {
 	c.dirs[2] = c.t.TempDir()
 }
 
+// loseThird stops the third node, as if its disk were lost, replaces it
+// by node 4 (within d), and starts node 4 in its slot, joining.
+func (c *testCluster) loseThird(d time.Duration) {
+	c.t.Helper()
+	c.stop(2)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	c.replaceThird(ctx)
+	c.startAs(2, 4, true)
+	c.waitReady()
+}
+
 func TestClusterReplacesALostNode(t *testing.T) {
 	c := newTestCluster(t, 3) // shard 2 prefers the third node: 3, then 4
 	a := c.dial(0)
 	a.send("A h k 600000 0")
 	a.expect("A 1 h k")
-	c.stop(2) // node 3's disk is lost
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c.replaceThird(ctx)
-	c.startAs(2, 4, true)
-	c.waitReady()
+	c.loseThird(20 * time.Second)
 	// The nodes that kept running spread leadership over the new members
 	// without a restart: shard 2 goes to node 4.
 	deadline := time.Now().Add(15 * time.Second)
@@ -553,7 +560,7 @@ func TestClusterReplacesALostNode(t *testing.T) {
 	x.expect("T x k")
 	c.checkReplicasAgree()
 	// Node 3's id cannot come back: raft does not take a removed id.
-	if err := c.nodes[1].Replace(ctx, 4, 3, freePort(t)); err == nil || !strings.Contains(err.Error(), "removed") {
+	if err := c.nodes[1].Replace(t.Context(), 4, 3, freePort(t)); err == nil || !strings.Contains(err.Error(), "removed") {
 		t.Fatalf("a replace by the removed id 3: %v", err)
 	}
 	c.stop(0)

@@ -16,22 +16,7 @@ func TestClusterCrowdedConnectionWaitsAndOthersDoNot(t *testing.T) {
 	const maxQueued = 300
 	c := newTestClusterWith(t, 2, func(o *Options) { o.MaxQueued = maxQueued })
 	n := c.nodes[0]
-	var most atomic.Int64
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if q := n.queued.Load(); q > most.Load() {
-				most.Store(q)
-			}
-			time.Sleep(20 * time.Microsecond)
-		}
-	}()
+	most := watchMost(n)
 
 	flood := c.dial(0)
 	const frames = 6000
@@ -60,14 +45,35 @@ func TestClusterCrowdedConnectionWaitsAndOthersDoNot(t *testing.T) {
 	if err := <-wrote; err != nil {
 		t.Fatal(err)
 	}
-	close(stop)
-	<-sampled
+	held := most()
 	// At most twice the bound, and a frame more per parse running.
-	if bound := int64(2*maxQueued + 2); most.Load() > bound {
-		t.Fatalf("the node held %d commands on their way through the log, bound %d", most.Load(), bound)
+	if bound := int64(2*maxQueued + 2); held > bound {
+		t.Fatalf("the node held %d commands on their way through the log, bound %d", held, bound)
 	}
-	t.Logf("most held: %d", most.Load())
+	t.Logf("most held: %d", held)
 	waitUntil(t, func() bool { return n.queued.Load() == 0 })
+}
+
+// watchMost samples how many commands n holds on their way through the
+// log until the returned func is called, which says the most seen.
+func watchMost(n *Node) func() int64 {
+	var most atomic.Int64
+	stop, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if q := n.queued.Load(); q > most.Load() {
+				most.Store(q)
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+	}()
+	return func() int64 { close(stop); <-sampled; return most.Load() }
 }
 
 func waitUntil(t *testing.T, cond func() bool) {
@@ -100,22 +106,7 @@ func floodShares(t *testing.T, halfClose bool) {
 	for i := range lines {
 		lines[i] = c.dial(0)
 	}
-	var most atomic.Int64
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if q := n.queued.Load(); q > most.Load() {
-				most.Store(q)
-			}
-			time.Sleep(20 * time.Microsecond)
-		}
-	}()
+	most := watchMost(n)
 	errs := make(chan error, conns)
 	for i, l := range lines {
 		var b strings.Builder
@@ -143,11 +134,10 @@ func floodShares(t *testing.T, halfClose bool) {
 			t.Fatal(err)
 		}
 	}
-	close(stop)
-	<-sampled
-	if bound := int64(2*maxQueued + conns); most.Load() > bound {
-		t.Fatalf("%d connections flooding: the node held %d commands on their way through the log, bound %d", conns, most.Load(), bound)
+	held := most()
+	if bound := int64(2*maxQueued + conns); held > bound {
+		t.Fatalf("%d connections flooding: the node held %d commands on their way through the log, bound %d", conns, held, bound)
 	}
-	t.Logf("most held: %d", most.Load())
+	t.Logf("most held: %d", held)
 	waitUntil(t, func() bool { return n.queued.Load() == 0 })
 }

@@ -75,12 +75,7 @@ func TestReplaceRefusesALiveNodeItNeverReached(t *testing.T) {
 	c := newTestCluster(t, 1) // one shard, led by node 1 (its preferred node)
 	// Node 3 was lost and replaced by node 4, which joined: a joining
 	// follower sends only to the leader, so it never connects to node 2.
-	c.stop(2)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c.replaceThird(ctx)
-	c.startAs(2, 4, true)
-	c.waitReady()
+	c.loseThird(30 * time.Second)
 	c.waitLeads([]int{0}, 15*time.Second)
 	time.Sleep(time.Second)
 	from, old := 2, 1 // slot 2 is node 4; slot 1 is node 2, up and serving
@@ -89,6 +84,8 @@ func TestReplaceRefusesALiveNodeItNeverReached(t *testing.T) {
 	r, seen := n.reach[c.peers[2]]
 	n.mu.Unlock()
 	t.Logf("node 4's view of node 2 (live): reach=%v, known=%v", r, seen)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	err := c.nodes[from].Replace(ctx, uint32(old+1), 5, freePort(t))
 	if err == nil {
 		time.Sleep(300 * time.Millisecond)
@@ -246,12 +243,7 @@ func TestPeersThatAreNotTheMembersAreSaid(t *testing.T) {
 	c := newTestCluster(t, 2)
 	c.waitReady()
 	old := maps.Clone(c.peers)
-	c.stop(2)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c.replaceThird(ctx)
-	c.startAs(2, 4, true)
-	c.waitReady()
+	c.loseThird(30 * time.Second)
 	c.stop(0)
 	opt := c.options(1, c.dirs[0])
 	core, logs := observer.New(zap.WarnLevel)
