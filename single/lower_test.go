@@ -2,6 +2,8 @@ package single
 
 import (
 	"fmt"
+	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -46,5 +48,64 @@ func TestReleasedLongLeaseNoLongerSetsTheCrashGrace(t *testing.T) {
 	if g2.r.GraceUntil < g.clock.now()+int64(30*time.Second) {
 		t.Fatalf("crash grace ends %v from the crash, before a lease granted after the lowering",
 			time.Duration(g2.r.GraceUntil-g.clock.now()))
+	}
+}
+
+// The synced write that lowers the lease ceiling holds no shard: a grant
+// under the lower ceiling is answered while the write hangs, and one above
+// it waits for the write and then raises the ceiling over its own lease,
+// so that the lowering never lands under a lease that has left.
+func TestLoweringTheLeaseCeilingHoldsNoShard(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{sweep: 5 * time.Second})
+	c := g.dial()
+	long := c.acquire("o", "long", 3_600_000)
+	c.send(fmt.Sprintf("R %d long", long))
+	c.expect(fmt.Sprintf("R %d long", long))
+	c.acquire("o", "held", 20_000)
+
+	high := testStart + int64(time.Hour)
+	entered, hang := make(chan state, 1), make(chan struct{})
+	var once sync.Once
+	g.store.setSaveErr(func(s state) error {
+		if s.LeaseCeil < high {
+			once.Do(func() { entered <- s; <-hang })
+		}
+		return nil
+	})
+	let := sync.OnceFunc(func() { close(hang) })
+	// A sweep. Advance returns once the sweep has run, after the write.
+	advanced := make(chan struct{})
+	go func() { defer close(advanced); g.clock.Advance(5 * time.Second) }()
+	defer func() { let(); <-advanced }()
+	var lowered state
+	select {
+	case lowered = <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sweep did not lower the lease ceiling")
+	}
+
+	// Under the lower ceiling: answered while the write hangs.
+	c.acquire("o", "short", 1_000)
+
+	// Above it: not answered until its own lease is durable, which is
+	// after the lowering.
+	midLease := lowered.LeaseCeil - g.clock.now() + int64(30*time.Second)
+	mid := g.dial()
+	mid.send(fmt.Sprintf("A o mid %d 0", midLease/int64(time.Millisecond)))
+	_ = mid.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if line, err := mid.r.ReadString('\n'); err == nil {
+		t.Fatalf("%q answered while the ceiling under its lease was being written", line)
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatal(err)
+	}
+	let()
+	mid.granted("o", "mid")
+	midEnd := g.clock.now() + midLease
+	if st := g.store.state(); st.LeaseCeil < midEnd {
+		t.Fatalf("the lease ceiling on disk is %v, under a lease granted (ends %v)",
+			time.Duration(st.LeaseCeil-testStart), time.Duration(midEnd-testStart))
+	}
+	if st := g.store.state(); st.LeaseCeil >= high {
+		t.Fatalf("the lease ceiling stayed %v", time.Duration(st.LeaseCeil-testStart))
 	}
 }

@@ -538,6 +538,11 @@ func (r *Runner) write(change func(*state), always bool) error {
 func (r *Runner) writeState(change func(*state), always, lower bool) error {
 	r.stMu.Lock()
 	defer r.stMu.Unlock()
+	return r.writeStateLocked(change, always, lower)
+}
+
+// writeStateLocked is writeState with stMu held.
+func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error {
 	next := r.st
 	change(&next)
 	next.TokenCeil = max(next.TokenCeil, r.st.TokenCeil)
@@ -580,17 +585,22 @@ const lowerAfter = int64(10 * time.Second)
 // still held, plus leaseStep, once it stands lowerAfter above that: it is
 // a high-water mark, and one long lease released early would otherwise
 // set the grace of a crash restart (every key not restored refused) until
-// that lease's end. Sweep has just lowered the tables' marks. Every shard
-// is held from the reading to the write, so that no grant leaves between
-// them above the new ceiling: a synced write under all of them, at most
-// once a sweep, and only after such a lease.
+// that lease's end. Sweep has just lowered the tables' marks.
+//
+// Every shard is held while the marks are read and the ceiling the hot
+// path compares with comes down, and stMu from then until the lower
+// ceiling is on disk; the synced write itself holds no shard. A grant that
+// leaves meanwhile under the lower ceiling is covered by the old one and
+// the new one alike; one above it raises the ceiling (coverLeases), which
+// waits on stMu for this write and then writes its own over it.
 func (r *Runner) lowerLease() {
 	for _, p := range r.parts {
 		p.mu.Lock()
 	}
+	held := true
 	defer func() {
-		for _, p := range r.parts {
-			p.mu.Unlock()
+		if held {
+			r.unlockAll()
 		}
 	}()
 	if r.closing.Load() || r.isFailed.Load() {
@@ -604,7 +614,12 @@ func (r *Runner) lowerLease() {
 	if r.leaseCeil.Load()-ceil < lowerAfter {
 		return
 	}
-	if err := r.writeState(func(s *state) { s.LeaseCeil = ceil }, false, true); err != nil {
+	r.stMu.Lock()
+	defer r.stMu.Unlock()
+	r.leaseCeil.Store(ceil)
+	r.unlockAll()
+	held = false
+	if err := r.writeStateLocked(func(s *state) { s.LeaseCeil = ceil }, false, true); err != nil {
 		r.fail("cannot persist lease ceiling", err)
 	}
 }
