@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	stdlog "log"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,16 @@ func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 		"Time from reading a batch of frames to writing its answers.", nil)
 	a.sweep = a.a.Histogram("ticketd_sweep_duration_seconds",
 		"Time one sweep of every shard took.", nil)
+	dir := cfg.dataDir
+	a.a.GaugeFunc("ticketd_data_dir_free_bytes",
+		"Free space on the data dir's filesystem, for an unprivileged writer. A full disk ends a cluster node at its next raft log write, and stops single mode's grants.",
+		func() float64 {
+			free, _, err := freeSpace(dir)
+			if err != nil {
+				return math.NaN()
+			}
+			return float64(free)
+		})
 	if cfg.cluster.enabled() {
 		a.clusterPages()
 	}

@@ -202,6 +202,11 @@ func serve(cfg *config, log *zap.Logger) error {
 		zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)),
 		zap.String("version", buildVersion()))
 
+	stopDisk := make(chan struct{})
+	defer close(stopDisk)
+	disk := &diskWatch{dir: cfg.dataDir, cluster: cfg.cluster.enabled(), log: log, free: freeSpace}
+	go disk.run(30*time.Second, stopDisk)
+
 	var failed bool
 	select {
 	case s := <-sig:

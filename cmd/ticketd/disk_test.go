@@ -1,0 +1,67 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+func TestDiskWatchWarnsOfANearlyFullDisk(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		core, logs := observer.New(zapcore.InfoLevel)
+		free, total := uint64(5<<30), uint64(100<<30)
+		w := &diskWatch{dir: t.TempDir(), cluster: cluster, log: zap.New(core),
+			free: func(string) (uint64, uint64, error) { return free, total, nil }}
+		now := time.Now()
+		w.check(now)
+		if n := logs.Len(); n != 0 {
+			t.Fatalf("%d lines with 5 GiB free", n)
+		}
+		free = 900 << 20
+		w.check(now.Add(time.Second))
+		w.check(now.Add(diskWarnEvery / 2))
+		warns := logs.FilterMessageSnippet("nearly full").All()
+		if len(warns) != 1 {
+			t.Fatalf("%d warnings with 900 MiB free, within %v; want 1", len(warns), diskWarnEvery)
+		}
+		if raft := strings.Contains(warns[0].Message, "raft log"); raft != cluster {
+			t.Errorf("cluster %v: the warning says %q", cluster, warns[0].Message)
+		}
+		if got := warns[0].ContextMap()["free_bytes"]; got != uint64(900<<20) {
+			t.Errorf("free_bytes %v", got)
+		}
+		w.check(now.Add(diskWarnEvery + time.Second))
+		if n := logs.FilterMessageSnippet("nearly full").Len(); n != 2 {
+			t.Fatalf("%d warnings after %v still nearly full; want 2", n, diskWarnEvery)
+		}
+	}
+	// A small filesystem is nearly full under a tenth of its size.
+	if got := lowDisk(4 << 30); got != 4<<30/10 {
+		t.Errorf("lowDisk(4 GiB) = %d", got)
+	}
+}
+
+func TestDataDirFreeBytesOnMetrics(t *testing.T) {
+	s := startServer(t, 4096)
+	resp, err := http.Get("http://" + s.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^ticketd_data_dir_free_bytes (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Fatal("no ticketd_data_dir_free_bytes on /metrics")
+	}
+	if v, err := strconv.ParseFloat(string(m[1]), 64); err != nil || v <= 0 {
+		t.Fatalf("ticketd_data_dir_free_bytes %s", m[1])
+	}
+}
