@@ -614,12 +614,19 @@ func (r *Runner) lowerLease() {
 	if r.leaseCeil.Load()-ceil < lowerAfter {
 		return
 	}
-	r.stMu.Lock()
+	// Another write under way (the ceiling loop's raise): the next sweep
+	// lowers, rather than every shard waiting for that fsync here.
+	if !r.stMu.TryLock() {
+		return
+	}
 	defer r.stMu.Unlock()
 	r.leaseCeil.Store(ceil)
 	r.unlockAll()
 	held = false
 	if err := r.writeStateLocked(func(s *state) { s.LeaseCeil = ceil }, false, true); err != nil {
+		// Under stMu still: a grant above the lowered ceiling that waits
+		// for it finds the runner failed, and is not answered, whatever
+		// the failed write left on disk.
 		r.fail("cannot persist lease ceiling", err)
 	}
 }
