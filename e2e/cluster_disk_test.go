@@ -1,0 +1,148 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A cluster node whose disk fills ends (its raft log cannot be written),
+// while the other two go on answering; once space is freed it starts again
+// on its data dir, catches up and agrees with them. /metrics shows the
+// free space that ran out.
+func TestClusterNodeOnAFullDisk(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a small tmpfs, which needs root")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+
+	c := &cluster{t: t, nodes: make([]*server, 3)}
+	var peers []string
+	for i := range 3 {
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, freeAddr(t)))
+		c.listen = append(c.listen, freeAddr(t))
+		c.dirs = append(c.dirs, t.TempDir())
+	}
+	c.dirs[2] = filepath.Join(mnt, "n3")
+	c.peers = strings.Join(peers, ",")
+	for i := range 3 {
+		c.start(i)
+	}
+	c.waitReady()
+	a := c.dial(0)
+	held := a.acquire("o", "held", 600_000, 0)
+
+	var st unix.Statfs_t
+	if err := unix.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if v, err := c.nodes[2].metric("ticketd_data_dir_free_bytes"); err != nil || v <= 0 || v > 96<<20 {
+		t.Fatalf("ticketd_data_dir_free_bytes %v (%v) on a 96 MiB filesystem", v, err)
+	}
+	filler := filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for left := free - 2<<20; left > 0; left -= int64(len(chunk)) {
+		if _, err := f.Write(chunk[:min(int64(len(chunk)), left)]); err != nil {
+			break
+		}
+	}
+	f.Close()
+
+	// Pairs through node 1 until node 3 has ended: every shard's log, and
+	// so node 3's disk, takes each of them.
+	var stop atomic.Bool
+	done := make(chan error, 1)
+	go func() { done <- pairs(c.listen[0], &stop) }()
+	select {
+	case <-c.nodes[2].p.Done():
+	case err := <-done:
+		t.Fatalf("pairs stopped while node 3 ran: %v", err)
+	case <-time.After(60 * time.Second):
+		stop.Store(true)
+		_ = unix.Statfs(mnt, &st)
+		t.Fatalf("node 3 still runs 60s after its disk filled (%d bytes free)", int64(st.Bavail)*st.Bsize)
+	}
+	t.Logf("node 3 ended: %s", c.nodes[2].p.ExitState())
+	if !strings.Contains(c.nodes[2].p.Log().String(), "no space left on device") {
+		t.Errorf("node 3 ended (%s) without saying its disk was full", c.nodes[2].p.ExitState())
+	}
+	time.Sleep(500 * time.Millisecond) // pairs go on without it
+	stop.Store(true)
+	if err := <-done; err != nil {
+		t.Fatalf("nodes 1 and 2, once node 3 ended: %v", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	c.start(2)
+	c.waitReady()
+	n3 := c.dial(2)
+	n3.send(acq("p", "held", 1000, 0))
+	n3.expect(timedOut("p", "held"))
+	a.release(held, "held")
+	c.agree()
+}
+
+// pairs acquires and releases batch keys at a time on addr until stop.
+func pairs(addr string, stop *atomic.Bool) error {
+	nc, err := net.DialTimeout("tcp", addr, readTimeout)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	r := bufio.NewReader(nc)
+	const batch = 100
+	for n := 0; !stop.Load(); n++ {
+		_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+		var b strings.Builder
+		for i := range batch {
+			fmt.Fprintf(&b, "A o k%d-%d 60000 0\n", n, i)
+		}
+		if _, err := nc.Write([]byte(b.String())); err != nil {
+			return err
+		}
+		b.Reset()
+		for range batch {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return err
+			}
+			f := strings.Fields(line) // answers of different shards come in any order
+			if len(f) != 4 || f[0] != "A" {
+				return fmt.Errorf("got %q to an acquire of a free key", line)
+			}
+			fmt.Fprintf(&b, "R %s %s\n", f[1], f[3])
+		}
+		if _, err := nc.Write([]byte(b.String())); err != nil {
+			return err
+		}
+		for range batch {
+			if line, err := r.ReadString('\n'); err != nil {
+				return err
+			} else if !strings.HasPrefix(line, "R ") {
+				return fmt.Errorf("got %q to a release", line)
+			}
+		}
+	}
+	return nil
+}
