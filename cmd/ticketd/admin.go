@@ -58,8 +58,8 @@ func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 	a.a.GaugeFunc("ticketd_data_dir_free_bytes",
 		"Free space on the data dir's filesystem, for an unprivileged writer. A full disk ends a cluster node at its next raft log write, and stops single mode's grants.",
 		func() float64 {
-			free, _, err := freeSpace(dir)
-			if err != nil {
+			free, total, err := freeSpace(dir)
+			if err != nil || total == 0 { // no figure, not "none free"
 				return math.NaN()
 			}
 			return float64(free)

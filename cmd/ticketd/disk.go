@@ -24,11 +24,17 @@ type diskWatch struct {
 	log     *zap.Logger
 	free    func(dir string) (free, total uint64, err error)
 	warned  time.Time
+	failed  bool // a failed look was logged
 }
 
 func (w *diskWatch) check(now time.Time) {
 	free, total, err := w.free(w.dir)
-	if err != nil || free >= lowDisk(total) || now.Sub(w.warned) < diskWarnEvery {
+	if err != nil && !w.failed {
+		w.failed = true
+		w.log.Info("cannot tell the data dir's free space; no warning comes before its disk fills",
+			zap.String("data_dir", absDir(w.dir)), zap.Error(err))
+	}
+	if err != nil || total == 0 || free >= lowDisk(total) || now.Sub(w.warned) < diskWarnEvery {
 		return
 	}
 	w.warned = now

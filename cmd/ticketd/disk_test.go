@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"regexp"
@@ -42,6 +43,20 @@ func TestDiskWatchWarnsOfANearlyFullDisk(t *testing.T) {
 		if n := logs.FilterMessageSnippet("nearly full").Len(); n != 2 {
 			t.Fatalf("%d warnings after %v still nearly full; want 2", n, diskWarnEvery)
 		}
+	}
+	// A look that fails is said once, and warns of nothing; nor does a
+	// filesystem that gives no size.
+	core, logs := observer.New(zapcore.InfoLevel)
+	var total uint64
+	var err error = errors.New("statfs: permission denied")
+	w := &diskWatch{dir: t.TempDir(), log: zap.New(core),
+		free: func(string) (uint64, uint64, error) { return 0, total, err }}
+	w.check(time.Now())
+	w.check(time.Now().Add(2 * diskWarnEvery))
+	err = nil
+	w.check(time.Now().Add(4 * diskWarnEvery))
+	if n, said := logs.Len(), logs.FilterMessageSnippet("cannot tell").Len(); n != 1 || said != 1 {
+		t.Errorf("%d lines, %d of them of the failed look; want that one alone", n, said)
 	}
 	// A small filesystem is nearly full under a tenth of its size.
 	if got := lowDisk(4 << 30); got != 4<<30/10 {

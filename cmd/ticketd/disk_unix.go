@@ -1,4 +1,4 @@
-//go:build unix
+//go:build unix && !linux
 
 package main
 
@@ -11,5 +11,6 @@ func freeSpace(dir string) (free, total uint64, err error) {
 	if err := unix.Statfs(dir, &s); err != nil {
 		return 0, 0, err
 	}
-	return uint64(s.Bavail) * uint64(s.Bsize), uint64(s.Blocks) * uint64(s.Bsize), nil
+	// Signed on some systems, and below 0 when root's reserve is in use.
+	return uint64(max(int64(s.Bavail), 0)) * uint64(s.Bsize), uint64(s.Blocks) * uint64(s.Bsize), nil
 }
