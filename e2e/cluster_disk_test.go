@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -22,24 +21,9 @@ import (
 // free space that ran out.
 func TestClusterNodeOnAFullDisk(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("mounts a small tmpfs, which needs root")
-	}
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here (a container without CAP_SYS_ADMIN?): %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
-
-	c := &cluster{t: t, nodes: make([]*server, 3)}
-	var peers []string
-	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("%d=%s", i+1, freeAddr(t)))
-		c.listen = append(c.listen, freeAddr(t))
-		c.dirs = append(c.dirs, t.TempDir())
-	}
+	mnt := mountTmpfs(t, "96m")
+	c := newCluster(t)
 	c.dirs[2] = filepath.Join(mnt, "n3")
-	c.peers = strings.Join(peers, ",")
 	for i := range 3 {
 		c.start(i)
 	}

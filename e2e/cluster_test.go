@@ -39,6 +39,17 @@ func freeAddr(t testing.TB) string {
 // every node knows a leader for every shard.
 func startCluster(t *testing.T, flags ...string) *cluster {
 	t.Helper()
+	c := newCluster(t, flags...)
+	for i := range 3 {
+		c.start(i)
+	}
+	c.waitReady()
+	return c
+}
+
+// newCluster picks three nodes' addresses and data dirs, and starts none.
+func newCluster(t *testing.T, flags ...string) *cluster {
+	t.Helper()
 	c := &cluster{t: t, nodes: make([]*server, 3), flags: flags}
 	var peers []string
 	for i := range 3 {
@@ -47,10 +58,6 @@ func startCluster(t *testing.T, flags ...string) *cluster {
 		c.dirs = append(c.dirs, t.TempDir())
 	}
 	c.peers = strings.Join(peers, ",")
-	for i := range 3 {
-		c.start(i)
-	}
-	c.waitReady()
 	return c
 }
 
@@ -345,14 +352,7 @@ func TestClusterLeaseUnderClockSkew(t *testing.T) {
 		}
 		files = append(files, f)
 	}
-	c := &cluster{t: t, nodes: make([]*server, 3)}
-	var peers []string
-	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("%d=%s", i+1, freeAddr(t)))
-		c.listen = append(c.listen, freeAddr(t))
-		c.dirs = append(c.dirs, t.TempDir())
-	}
-	c.peers = strings.Join(peers, ",")
+	c := newCluster(t)
 	for i := range 3 {
 		c.flags = []string{"--unsafe-test-clock-offset-file", files[i]}
 		c.start(i)

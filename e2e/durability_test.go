@@ -244,14 +244,7 @@ func TestLongestLeaseSurvivesCrash(t *testing.T) {
 // data dir on it is refused for lack of space, not as corrupt.
 func TestFullDisk(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("mounts a small tmpfs, which needs root")
-	}
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	mnt := mountTmpfs(t, "2m")
 	dir := filepath.Join(mnt, "data")
 
 	s1 := startServerDir(t, dir, "--shutdown-timeout", "5s")
@@ -393,4 +386,20 @@ func TestCrashGraceAfterALongLeaseReleased(t *testing.T) {
 	if err != nil || v < 25 || v > 40 {
 		t.Fatalf("after a kill -9 with an hour's lease released and a 30 s one held: ticketd_crash_grace_seconds %v, %v; want about 30", v, err)
 	}
+}
+
+// mountTmpfs mounts a tmpfs of size (mount's -o size=) on a new temporary
+// dir and returns it; it is unmounted at the test's end. Skipped without
+// the right to mount (not root, or a container without CAP_SYS_ADMIN).
+func mountTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a small tmpfs, which needs root")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	return mnt
 }
