@@ -11,6 +11,12 @@
 #   bench/server-cpu.sh ROUNDS SECONDS TICKETD... > out.txt
 #   DEPTH=1 REDIS=$(command -v redis-server) bench/server-cpu.sh ROUNDS SECONDS TICKETD...
 #
+# RATE=N makes every run an open loop at N acquires a second over all
+# connections (with DEPTH=256, say, as the bench's open loop), and adds the
+# generator's own send lag p99 to each line: at equal offered load a
+# server's p99 follows how late the generator sends beside it
+# (bench/results/depth1-tail.txt).
+#
 # WARMUP=S runs each system S seconds before each measured run (default 0;
 # the bench's runs have 1 s), on connections of its own, outside the CPU
 # counted. It starts each server with a fresh data dir on its own loopback
@@ -33,6 +39,8 @@ pids=() ports=() names=() systems=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
+open=()
+[ -n "${RATE:-}" ] && open=(-rate "$RATE")
 port=${PORT:-17960}
 i=0
 for bin in "$@"; do
@@ -57,19 +65,20 @@ for r in $(seq "$rounds"); do
 		# The warm-up is a run of its own, before the CPU is read: the pairs
 		# counted are the window's alone, so the CPU must be too.
 		if [ "${WARMUP:-0}" != 0 ]; then
-			"$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" \
+			"$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" "${open[@]}" \
 				-duration "${WARMUP}s" -warmup 0s -quiet >/dev/null 2>&1
 		fi
 		read -r u0 s0 < <(ticks "${pids[$k]}")
-		out=$("$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" \
+		out=$("$bench" load -system "${systems[$k]}" -addr "127.0.0.1:${ports[$k]}" -depth "$depth" "${open[@]}" \
 			-duration "${secs}s" -warmup 0s -quiet 2>&1 | grep -E '^(window|latency)')
 		read -r u1 s1 < <(ticks "${pids[$k]}")
 		pairs=$(sed -n 's/.*(\([0-9]*\) granted.*/\1/p' <<<"$out")
 		rate=$(sed -n 's/^window [^:]*: \([0-9,]*\) pairs.*/\1/p' <<<"$out" | tr -d ,)
-		p99=$(sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p' <<<"$out")
+		p99=$(sed -n 's/^latency p50 [^ ]* p99 \([^ ]*\) .*/\1/p' <<<"$out")
+		lag=$(sed -n 's/.*generator lag p99 \([^,]*\),.*/  lag \1/p' <<<"$out")
 		pps[$k]=$rate
 		hz=$(getconf CLK_TCK)
-		lines+=("$k $rate $(((u1 - u0) * 1000000000 / hz / pairs)) $(((s1 - s0) * 1000000000 / hz / pairs)) $p99")
+		lines+=("$k $rate $(((u1 - u0) * 1000000000 / hz / pairs)) $(((s1 - s0) * 1000000000 / hz / pairs)) $p99$lag")
 	done
 	echo_rate=${pps[$((${#pids[@]} - 1))]}
 	for l in "${lines[@]}"; do
