@@ -383,6 +383,11 @@ func Start(opt Options) (*Node, error) {
 		SystemEventListener: n,
 		Expert:              config.ExpertConfig{Engine: eng, LogDB: ldb},
 	}
+	if err := checkSnapshots(nhc.NodeHostDir, uint64(opt.NodeID), opt.Shards); err != nil {
+		dir.close()
+		return nil, fmt.Errorf("%w: its replica cannot be rebuilt from this node's files, as the log before it is compacted away; "+
+			"bring the node back as a replacement under a new id, on an empty data dir (README: replacing a node)", err)
+	}
 	nh, err := newNodeHost(nhc)
 	if err != nil {
 		dir.close()
