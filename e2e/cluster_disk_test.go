@@ -15,12 +15,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A cluster node whose disk fills ends (its raft log cannot be written),
-// while the other two go on answering; once space is freed it starts again
-// on its data dir, catches up and agrees with them, and no key was granted
-// twice meanwhile. /metrics shows the free space that ran out.
+// A cluster node whose disk fills ends, while the other two go on
+// answering; once space is freed it starts again on its data dir, catches
+// up and agrees with them, and no key was granted twice meanwhile.
+// /metrics shows the free space that ran out.
+//
+// "under its reserve": the filesystem is filled to 2 MiB free, under the
+// node's reserve (a twentieth of 96 MiB), before any load: the node stops
+// cleanly within its check's second, saying why, no raft write having met
+// the full disk, and a start while the disk stays so full is refused.
+// "at once": filled to the last byte while load runs: the node ends
+// either way, by its check or by Dragonboat's panic at a write.
 func TestClusterNodeOnAFullDisk(t *testing.T) {
-	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		leave   int64 // bytes left free
+		atOnce  bool  // fill while the pairs run
+		reserve bool  // the node must stop by its reserve
+	}{
+		{"under its reserve", 2 << 20, false, true},
+		{"at once", 0, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			fullDisk(t, tc.leave, tc.atOnce, tc.reserve)
+		})
+	}
+}
+
+func fullDisk(t *testing.T, leave int64, atOnce, reserve bool) {
 	mnt := mountTmpfs(t, "96m")
 	c := newCluster(t)
 	c.dirs[2] = filepath.Join(mnt, "n3")
@@ -40,21 +63,28 @@ func TestClusterNodeOnAFullDisk(t *testing.T) {
 		t.Fatalf("ticketd_data_dir_free_bytes %v (%v) on a 96 MiB filesystem", v, err)
 	}
 	filler := filepath.Join(mnt, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 1<<20)
-	for left := free - 2<<20; left > 0; left -= int64(len(chunk)) {
-		if _, err := f.Write(chunk[:min(int64(len(chunk)), left)]); err != nil {
-			break
+	fill := func() {
+		f, err := os.Create(filler)
+		if err != nil {
+			t.Error(err)
+			return
 		}
+		chunk := make([]byte, 1<<20)
+		for left := free - leave; left > 0; left -= int64(len(chunk)) {
+			if _, err := f.Write(chunk[:min(int64(len(chunk)), left)]); err != nil {
+				break
+			}
+		}
+		f.Close()
 	}
-	f.Close()
+	if !atOnce {
+		fill()
+	}
 
 	// Pairs through node 1 until node 3 has ended: every shard's log, and
 	// so node 3's disk, takes each of them. Then more of them: the other
-	// two go on (after an election for the shards node 3 led).
+	// two go on (after an election for the shards node 3 led, if it did
+	// not hand them over).
 	var stop atomic.Bool
 	var rounds atomic.Int64
 	done := make(chan error, 1)
@@ -62,6 +92,10 @@ func TestClusterNodeOnAFullDisk(t *testing.T) {
 	// Beside them, the Go client on hot keys over all three nodes: its
 	// history must hold no double grant through node 3's end and return.
 	w := startWorkload(t, c.addrs(), 6)
+	if atOnce {
+		time.Sleep(200 * time.Millisecond)
+		fill()
+	}
 	select {
 	case <-c.nodes[2].p.Done():
 	case err := <-done:
@@ -71,8 +105,16 @@ func TestClusterNodeOnAFullDisk(t *testing.T) {
 		_ = unix.Statfs(mnt, &st)
 		t.Fatalf("node 3 still runs 60s after its disk filled (%d bytes free)", int64(st.Bavail)*int64(st.Bsize))
 	}
+	log := c.nodes[2].p.Log().String()
 	t.Logf("node 3 ended: %s", c.nodes[2].p.ExitState())
-	if !strings.Contains(c.nodes[2].p.Log().String(), "no space left on device") {
+	byReserve := strings.Contains(log, "keeps in reserve")
+	switch {
+	case reserve && !byReserve:
+		t.Errorf("node 3 ended (%s) without saying it stopped under its reserve", c.nodes[2].p.ExitState())
+	case reserve && (c.nodes[2].exitCode() != 1 || !strings.Contains(log, "stopped cleanly") ||
+		strings.Contains(log, "no space left on device") || strings.Contains(log, "panic")):
+		t.Errorf("node 3 did not stop cleanly with exit status 1 before a write met the full disk (%s)", c.nodes[2].p.ExitState())
+	case !byReserve && !strings.Contains(log, "no space left on device"):
 		t.Errorf("node 3 ended (%s) without saying its disk was full", c.nodes[2].p.ExitState())
 	}
 	at := rounds.Load()
@@ -91,6 +133,16 @@ func TestClusterNodeOnAFullDisk(t *testing.T) {
 		t.Fatalf("nodes 1 and 2, once node 3 ended: %v", err)
 	}
 
+	if reserve {
+		s, err := launch(t, c.dirs[2], c.args(2)...)
+		if err == nil {
+			s.stop()
+			t.Fatal("node 3 started on a disk under its reserve")
+		}
+		if !strings.Contains(err.Error(), "keeps in reserve") || !strings.Contains(err.Error(), "free space") {
+			t.Errorf("node 3's start on a full disk failed without saying why: %v", err)
+		}
+	}
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}

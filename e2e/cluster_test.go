@@ -63,11 +63,15 @@ func newCluster(t *testing.T, flags ...string) *cluster {
 
 func (c *cluster) start(i int) {
 	c.t.Helper()
-	flags := append([]string{
+	c.nodes[i] = startServerDir(c.t, c.dirs[i], c.args(i)...)
+}
+
+// args are node i's flags after its data dir.
+func (c *cluster) args(i int) []string {
+	return append([]string{
 		"--node-id", fmt.Sprint(i + 1), "--peers", c.peers, "--listen", c.listen[i], "--bootstrap",
 		"--shards", "4", "--admin", "127.0.0.1:0", "--election-rtt", "20",
 	}, c.flags...)
-	c.nodes[i] = startServerDir(c.t, c.dirs[i], flags...)
 }
 
 // asServer is the cluster as one server whose connections go to its nodes

@@ -213,6 +213,9 @@ func openCluster(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 		opt.Clock = clk.now
 		log.Warn("the wall clock is offset from a file: for tests only", zap.String("file", f))
 	}
+	if free, total, err := freeSpace(cfg.dataDir); err == nil && total > 0 && free < diskReserve(total) {
+		return nil, lowDiskError(cfg.dataDir, free, total)
+	}
 	n, err := replica.Start(opt)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -61,6 +62,53 @@ func TestDiskWatchWarnsOfANearlyFullDisk(t *testing.T) {
 	// A small filesystem is nearly full under a tenth of its size.
 	if got := lowDisk(4 << 30); got != 4<<30/10 {
 		t.Errorf("lowDisk(4 GiB) = %d", got)
+	}
+}
+
+// A cluster node's watch says to stop once its free space is under the
+// reserve, once; it warns before that, and single mode's never says it.
+func TestDiskWatchStopsAClusterNodeUnderItsReserve(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		core, logs := observer.New(zapcore.InfoLevel)
+		free, total := uint64(900<<20), uint64(100<<30)
+		w := &diskWatch{dir: t.TempDir(), cluster: cluster, log: zap.New(core),
+			free: func(string) (uint64, uint64, error) { return free, total, nil }}
+		if cluster {
+			w.low = make(chan struct{})
+		}
+		low := func() bool {
+			select {
+			case <-w.low:
+				return true
+			default:
+				return false
+			}
+		}
+		now := time.Now()
+		w.check(now)
+		if low() || logs.FilterMessageSnippet("nearly full").Len() != 1 {
+			t.Fatalf("cluster %v, 900 MiB free of 100 GiB: low %v, %d warnings; want a warning, not a stop", cluster, low(), logs.Len())
+		}
+		free = 128<<20 - 1
+		w.check(now.Add(time.Second))
+		w.check(now.Add(2 * time.Second)) // once: the channel is closed once
+		if low() != cluster {
+			t.Fatalf("cluster %v, a byte under 128 MiB free: low %v", cluster, low())
+		}
+		if cluster && (w.lowFree != free || w.lowTotal != total) {
+			t.Errorf("low at %d of %d bytes, want %d of %d", w.lowFree, w.lowTotal, free, total)
+		}
+	}
+	// The reserve of a small filesystem is a twentieth of it, and the
+	// error says what it was and what to do.
+	if got := diskReserve(96 << 20); got != 96<<20/20 {
+		t.Errorf("diskReserve(96 MiB) = %d", got)
+	}
+	err := lowDiskError("d", 1<<20, 96<<20)
+	for _, want := range []string{"1048576 bytes free", fmt.Sprint(96 << 20 / 20), "free space", "catches up"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
 	}
 }
 

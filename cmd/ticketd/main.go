@@ -205,12 +205,21 @@ func serve(cfg *config, log *zap.Logger) error {
 	stopDisk := make(chan struct{})
 	defer close(stopDisk)
 	disk := &diskWatch{dir: cfg.dataDir, cluster: cfg.cluster.enabled(), log: log, free: freeSpace}
-	go disk.run(30*time.Second, stopDisk)
+	every := 30 * time.Second
+	if disk.cluster {
+		disk.low, every = make(chan struct{}), diskCheckCluster
+	}
+	go disk.run(every, stopDisk)
 
 	var failed bool
+	var stopErr error // a clean stop that still ends in exit status 1
 	select {
 	case s := <-sig:
 		log.Info("shutting down", zap.String("signal", s.String()))
+	case <-disk.low:
+		stopErr = lowDiskError(cfg.dataDir, disk.lowFree, disk.lowTotal)
+		log.Error("shutting down: the data dir's filesystem has less free space than a cluster node keeps in reserve",
+			zap.Uint64("free_bytes", disk.lowFree), zap.Uint64("reserve_bytes", diskReserve(disk.lowTotal)))
 	case <-runner.Failed():
 		failed = true // the runner logged why
 	}
@@ -251,7 +260,7 @@ func serve(cfg *config, log *zap.Logger) error {
 		return fmt.Errorf("shutdown did not finish within --shutdown-timeout %v; exiting without a snapshot (the next start recovers as after a crash)", cfg.shutdownTimeout)
 	}
 	log.Info("stopped cleanly")
-	return nil
+	return stopErr
 }
 
 // saveAfterFailedStart ends a start that failed after the data dir was
