@@ -333,9 +333,11 @@ func (m *model) sweep(now int64) int {
 		}
 	}
 	m.st.Swept += uint64(n)
-	m.maxDeadline = 0 // the latest lease end still held
+	m.maxDeadline = 0 // the latest lease end still held; the grace phantom (token 0) holds none
 	for _, k := range m.keys {
-		m.maxDeadline = max(m.maxDeadline, k.deadline)
+		if k.token != 0 {
+			m.maxDeadline = max(m.maxDeadline, k.deadline)
+		}
 	}
 	return n
 }

@@ -580,7 +580,11 @@ func (t *Table) Sweep(now int64) (removed int) {
 	t.keys.each(func(e *entry) {
 		if !t.cfg.Replicated && e.nwait == 0 && e.deadline <= now {
 			gone = append(gone, e)
-		} else {
+		} else if e.token != 0 {
+			// Not the grace phantom's: its deadline is the grace, which
+			// the runner covers as it is (Grace), and counted as a lease
+			// it would raise the ceiling a leaseStep over the grace, and
+			// so each crash's grace over the one before.
 			held = max(held, e.deadline)
 		}
 	})
