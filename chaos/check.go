@@ -186,23 +186,18 @@ func releasesByToken(ops []*Op) map[uint64][]*Op {
 }
 
 // clientMargin is how much earlier than the Go client's rule the checks
-// end a waited grant's lease. The rule dates the grant from the answer's
-// arrival less the connection's latest round trip; the server renews a
+// end a waited grant's lease. The rule dates the grant from its send, or
+// from the latest send of a request answered before it on its connection:
+// that answer left the server before this one, and the server renews a
 // hand-over whose answer leaves late, so that its lease runs at least
-// until the answer left plus the lease (less 10µs in single mode; in a
-// cluster the answer leaves within half the skew of the lease's start,
-// and the lease ends a skew after its deadline). The worker reads both
-// clocks the client would, with errors in either direction: its round
-// trips count from before the write and to after the read of the answer
-// (longer than the network's: an earlier start, in the server's favour),
-// but this answer's arrival is read late by however long the worker's
-// reader waited for a core, and the server may be preempted between its
-// last clock reading and its write. Those delays are a few milliseconds
-// on a loaded machine (a correct server's takeovers came at most about
-// 3 ms inside the rule's end in campaign runs); unlike the send-dated
-// bounds, this one assumes that none reaches the margin. A late hand-over
-// that the server did not renew is caught once it is later than the
-// margin plus the round trip before it.
+// from when its answer leaves (less 10µs in single mode; in a cluster the
+// answer leaves within half the skew of the lease's start, and the lease
+// ends a skew after its deadline). Unlike dating from the answer's arrival
+// less a round trip, which this rule replaced, no stall of the server
+// before its write or of the reader before its read can make it late (a
+// campaign with strace holding up the server's syscalls found those). A
+// hand-over that the server did not renew is caught on a connection whose
+// later request was answered first, once it is later than the margin.
 const clientMargin = int64(50 * time.Millisecond)
 
 // holds dates the leases of grants that may have waited by the Go client's
@@ -606,7 +601,7 @@ func checkProgress(h *History, cfg CheckConfig, r *CheckResult) {
 // by says which rule gave a certain end: the client's, or send + lease.
 func (hd *holds) by(g *Op, end int64) string {
 	if c := hd.clientEnd(g); c == end && c > g.Invoke+int64(g.LeaseMs)*int64(time.Millisecond) {
-		return fmt.Sprintf(" by the client's rule: answered %s less a round trip of %.1fms, plus the lease, less %v", fmtT(g.Complete), float64(g.RTT)/1e6, time.Duration(g.clientDeadline()-c))
+		return fmt.Sprintf(" by the client's rule: from %s (a send answered before it on its connection), plus the lease, less %v", fmtT(g.Start), time.Duration(g.clientDeadline()-c))
 	}
 	return ""
 }

@@ -6,11 +6,11 @@ import (
 )
 
 // waited adds a grant to an acquire that waited (wait 2000 ms), dated by
-// the client's rule: answered at comp, the connection's latest round trip
-// rtt ms before.
+// the client's rule rtt ms before its answer at comp: a later request on
+// its connection, sent then, was answered before it.
 func (b *hist) waited(worker int, key string, lease uint64, inv, comp, rtt int64, tok uint64) *Op {
 	return b.add(&Op{Worker: worker, Kind: 'A', Owner: "w", Key: key, LeaseMs: lease, WaitMs: 2000,
-		Invoke: ms(inv), Complete: ms(comp), Result: ResGranted, Token: tok, RTT: ms(rtt), Start: max(ms(inv), ms(comp-rtt))})
+		Invoke: ms(inv), Complete: ms(comp), Result: ResGranted, Token: tok, Start: max(ms(inv), ms(comp-rtt))})
 }
 
 // handOver: H holds k (token 1, lease 1000 ms) from 0; X queues at 100 ms
@@ -114,35 +114,35 @@ func TestClientRuleExceptions(t *testing.T) {
 	}
 }
 
-// The recorder dates a waited grant as the Go client does: from the
-// answer less the latest round trip of a release or a wait-0 acquire on
-// its connection, never before the send, and from the send before one.
+// The recorder dates a waited grant as the Go client does: from its send,
+// or from the latest send of a request answered before it on its
+// connection if that is later; never from its arrival, which a stalled
+// reader or server makes late.
 func TestRecorderDatesWaitedGrants(t *testing.T) {
 	h := &History{}
-	var rtt int64 // a new connection: none measured
+	var floor int64 // a new connection: nothing answered
 	first := &Op{Kind: 'A', WaitMs: 500, Invoke: ms(1)}
-	h.complete(first, ms(8), ResGranted, 6, &rtt)
-	if first.Start != ms(1) || first.RTT != 0 {
-		t.Errorf("waited grant before a round trip: start %v rtt %v, want the send, 1ms, and 0", time.Duration(first.Start), time.Duration(first.RTT))
+	h.complete(first, ms(8), ResGranted, 6, &floor)
+	if first.Start != ms(1) || floor != ms(1) {
+		t.Errorf("first waited grant: start %v, floor %v, want its send, 1ms, both", time.Duration(first.Start), time.Duration(floor))
 	}
-	rel := &Op{Kind: 'R', Invoke: ms(10)}
-	h.complete(rel, ms(12), ResReleased, 0, &rtt)
-	if rtt != ms(2) {
-		t.Fatalf("rtt after a release: %v, want 2ms", time.Duration(rtt))
-	}
+	// Pipelined: a waited acquire sent at 20 ms, then a release at 30 ms
+	// answered first; the grant, answered at 300 ms, counts from 30 ms.
 	wait := &Op{Kind: 'A', WaitMs: 500, Invoke: ms(20)}
-	h.complete(wait, ms(300), ResGranted, 7, &rtt)
-	if wait.Start != ms(298) || wait.RTT != ms(2) || rtt != ms(2) {
-		t.Errorf("waited grant: start %v rtt %v (conn %v), want 298ms, 2ms, 2ms", time.Duration(wait.Start), time.Duration(wait.RTT), time.Duration(rtt))
+	rel := &Op{Kind: 'R', Invoke: ms(30)}
+	h.complete(rel, ms(32), ResReleased, 0, &floor)
+	h.complete(wait, ms(300), ResGranted, 7, &floor)
+	if wait.Start != ms(30) || floor != ms(30) {
+		t.Errorf("waited grant after a later request's answer: start %v, floor %v, want 30ms both", time.Duration(wait.Start), time.Duration(floor))
 	}
-	at := &Op{Kind: 'A', WaitMs: 500, Invoke: ms(400)}
-	h.complete(at, ms(401), ResGranted, 8, &rtt)
-	if at.Start != ms(400) {
-		t.Errorf("granted at once: start %v, want the send, 400ms", time.Duration(at.Start))
+	late := &Op{Kind: 'A', WaitMs: 500, Invoke: ms(400)}
+	h.complete(late, ms(900), ResGranted, 8, &floor)
+	if late.Start != ms(400) {
+		t.Errorf("waited grant answered 500ms after its send: start %v, want the send, 400ms, not its arrival", time.Duration(late.Start))
 	}
-	now := &Op{Kind: 'A', Invoke: ms(500)}
-	h.complete(now, ms(505), ResTimedOut, 0, &rtt)
-	if now.Start != 0 || rtt != ms(5) {
-		t.Errorf("wait-0 acquire: start %v, rtt %v, want 0, 5ms", time.Duration(now.Start), time.Duration(rtt))
+	now := &Op{Kind: 'A', Invoke: ms(1000)}
+	h.complete(now, ms(1005), ResGranted, 9, &floor)
+	if now.Start != 0 || floor != ms(1000) {
+		t.Errorf("wait-0 acquire: start %v, floor %v, want 0 (its send dates it), 1000ms", time.Duration(now.Start), time.Duration(floor))
 	}
 }

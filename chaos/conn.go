@@ -20,10 +20,10 @@ type conn struct {
 	id, node int
 	h        *History
 	nc       net.Conn
-	// rtt is the latest round trip, as the Go client measures it (each
-	// answer to a release or a wait-0 acquire; 0 until one comes), in ns;
-	// the reader's alone.
-	rtt int64
+	// floor is the latest send among the requests answered on this
+	// connection, as the Go client keeps it to date a waited grant; the
+	// reader's alone.
+	floor int64
 
 	wmu sync.Mutex // one writer at a time
 
@@ -191,7 +191,7 @@ func (c *conn) read() {
 		if a.Kind == 'A' {
 			tok = a.Token
 		}
-		c.h.complete(cl.op, at, res, tok, &c.rtt)
+		c.h.complete(cl.op, at, res, tok, &c.floor)
 		close(cl.ch)
 	}
 }

@@ -58,12 +58,9 @@ type Op struct {
 	// can end early only from about then (0: not recorded; any time).
 	LostAt int64 `json:"lost_at,omitempty"`
 	// For a grant to an acquire that could wait (wait_ms > 0), the Go
-	// client's dating of its lease: RTT is the connection's latest round
-	// trip when the answer came (of the latest answer to a release or a
-	// wait-0 acquire on it; 0: none yet), Start the answer's arrival less
-	// RTT, not before the send, and the send while RTT is 0 (0: not
+	// client's dating of its lease: Start is its send, or the latest send
+	// of a request answered before it on its connection if later (0: not
 	// recorded). The client holds the key until Start + lease_ms.
-	RTT   int64 `json:"rtt,omitempty"`
 	Start int64 `json:"start,omitempty"`
 }
 
@@ -94,7 +91,7 @@ func (o *Op) String() string {
 			s += fmt.Sprintf(" token=%d", o.Token)
 		}
 		if o.Start != 0 {
-			s += fmt.Sprintf(" rtt=%.1fms start=%s", float64(o.RTT)/1e6, fmtT(o.Start))
+			s += fmt.Sprintf(" start=%s", fmtT(o.Start))
 		}
 		return s + o.lost()
 	case 'R':
@@ -195,24 +192,21 @@ func (h *History) Complete(op *Op, at int64, result string, token uint64) {
 	h.complete(op, at, result, token, nil)
 }
 
-// complete is Complete that also keeps a connection's round trip the way
-// the Go client does: an answer to a release or a wait-0 acquire sets *rtt
-// to its own round trip; a grant that may have waited is dated from its
-// arrival less *rtt, not before its send, and from its send while *rtt is 0.
-func (h *History) complete(op *Op, at int64, result string, token uint64, rtt *int64) {
+// complete is Complete that also keeps a connection's floor the way the Go
+// client does: a grant that may have waited is dated from its send, or
+// from *floor if later, the latest send of a request answered before it on
+// the connection; every answer then raises *floor to its request's send.
+func (h *History) complete(op *Op, at int64, result string, token uint64, floor *int64) {
 	h.mu.Lock()
 	op.Complete, op.Result = at, result
 	if token != 0 {
 		op.Token = token
 	}
-	switch {
-	case rtt == nil:
-	case op.Kind == 'R' || op.WaitMs == 0:
-		*rtt = at - op.Invoke
-	case result == ResGranted && *rtt == 0:
-		op.Start = op.Invoke
-	case result == ResGranted:
-		op.RTT, op.Start = *rtt, max(op.Invoke, at-*rtt)
+	if floor != nil {
+		if op.Kind == 'A' && op.WaitMs > 0 && result == ResGranted {
+			op.Start = max(op.Invoke, *floor)
+		}
+		*floor = max(*floor, op.Invoke)
 	}
 	h.mu.Unlock()
 }

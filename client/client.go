@@ -41,20 +41,19 @@ type Lock struct {
 	// Deadline is a local, conservative end of the lease: the lease runs on
 	// the server from the grant, and Deadline counts from the moment the
 	// request was sent, which is not later than the grant. For a grant that
-	// may have waited in the queue (wait > 0, granted at once or not) it
-	// counts from the answer's arrival less the last round trip measured on
-	// the same connection, and not before the send (from the send while no
-	// answer there has measured one: a new connection's handshake may have
-	// been answered by a proxy, nearer than the server). That is an
-	// estimate, later than the grant only if this answer took longer than
-	// that round trip to be read (a retransmission, a stalled process); a
-	// server renews such a grant whose answer leaves late (single mode:
-	// more than 10µs after its lease started; a cluster node that applied
-	// it late), so this holds while the nodes' clocks differ by less than
-	// half --max-clock-skew. It carries a monotonic clock reading, so
-	// time.Until(Deadline) is immune to wall clock changes. The server's
-	// clock rate can still differ a little from the local one: keep a
-	// margin.
+	// may have waited in the queue (wait > 0) it counts from the latest
+	// send of a request answered before it on the same connection, if that
+	// is later: the server renews a hand-over whose answer leaves late
+	// (single mode: more than 10µs after its lease started; a cluster node
+	// that applied it late), so its lease runs from no earlier than its
+	// answer's leaving, which came after those answers. Time the grant
+	// spent queued while the connection carried nothing else is not in
+	// Deadline: the lease runs that much longer on the server than Deadline
+	// says. In cluster mode this holds while the nodes' clocks differ by
+	// less than half --max-clock-skew. It carries a monotonic clock
+	// reading, so time.Until(Deadline) is immune to wall clock changes.
+	// The server's clock rate can still differ a little from the local
+	// one: keep a margin.
 	Deadline time.Time
 
 	// The owner the acquire was sent with: the AcquireAs name, or the

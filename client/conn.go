@@ -48,11 +48,6 @@ type slot struct {
 	readerWakes atomic.Bool
 	pushed      atomic.Uint64 // requests pushed so far: how many of the woken callers replied
 
-	// rtt is the latest round trip of an answer that did not wait on the
-	// connection up, ns; 0 until one comes. Not the handshake's: a proxy
-	// or a sidecar answers that, nearer than the server.
-	rtt atomic.Int64
-
 	// lastRead is when the connection up last read anything (monoNow);
 	// silent is set when watch gave it up for that. answered: it matched
 	// an answer (run goroutine only).
@@ -283,8 +278,6 @@ func (s *slot) run(nc net.Conn) {
 func (s *slot) serve(nc net.Conn) {
 	s.ncMu.Lock()
 	s.nc, s.homing = nc, false
-	// Another connection's round trip may be another path's, nearer.
-	s.rtt.Store(0)
 	// Cleared with nc in place, so that Close's flush, which reads both
 	// under ncMu, never takes a connection still marked moving for one.
 	s.moving.Store(false)
@@ -1000,6 +993,9 @@ func (s *slot) readLoop(nc net.Conn) error {
 		start, end int
 		a          codec.Answer
 		batch      []*call
+		// floor is the latest send among the requests answered so far
+		// on this connection: see the dating of a waited grant below.
+		floor time.Time
 	)
 	for {
 		n, rerr := nc.Read(buf[end:])
@@ -1040,20 +1036,21 @@ func (s *slot) readLoop(nc net.Conn) error {
 				if a.Kind == 'T' && c.waitMs > 0 {
 					c.early = now.Sub(c.sent) < earlyBefore(c.waitMs)
 				}
-				if c.kind == 'R' || c.waitMs == 0 {
-					s.rtt.Store(max(1, int64(now.Sub(c.sent)))) // 0 is unknown
-					c.start = c.sent
-				} else if rtt := s.rtt.Load(); rtt == 0 {
-					// A grant that may have waited, before this path's
-					// round trip is known: it happened after the send.
-					c.start = c.sent
-				} else {
-					// A grant that may have waited: it happened after the
-					// send and about a round trip before now.
-					c.start = now.Add(-time.Duration(rtt))
-					if c.start.Before(c.sent) {
-						c.start = c.sent
-					}
+				// A lease counts from its send at the earliest. A grant
+				// that may have waited (a hand-over) counts from later:
+				// its answer left the server after every answer read
+				// before it here, so after each of their requests was
+				// sent, and the server moves a hand-over's lease on to
+				// when its answer leaves. Its arrival less a round trip
+				// would be later still, but not sound: a stall between
+				// the server's last look at the clock and its write, or
+				// in this reader before it read, comes in between.
+				c.start = c.sent
+				if c.kind == 'A' && c.waitMs > 0 && floor.After(c.start) {
+					c.start = floor
+				}
+				if c.sent.After(floor) {
+					floor = c.sent
 				}
 				batch = append(batch, c)
 			}

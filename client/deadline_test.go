@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,14 @@ import (
 // balancer has). The client's handshake is with the proxy, at once.
 func delayProxy(t *testing.T, upstream string, delay time.Duration) string {
 	t.Helper()
+	d := func() time.Duration { return delay }
+	return proxy(t, upstream, d, d)
+}
+
+// proxy is delayProxy with each chunk's delay read as it comes: up for the
+// client's bytes, down for the server's.
+func proxy(t *testing.T, upstream string, up, down func() time.Duration) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -23,7 +32,7 @@ func delayProxy(t *testing.T, upstream string, delay time.Duration) string {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst, src net.Conn, delay func() time.Duration) {
 		defer wg.Done()
 		type chunk struct {
 			b   []byte
@@ -45,7 +54,7 @@ func delayProxy(t *testing.T, upstream string, delay time.Duration) string {
 		for {
 			n, err := src.Read(buf)
 			if n > 0 {
-				ch <- chunk{append([]byte(nil), buf[:n]...), time.Now().Add(delay)}
+				ch <- chunk{append([]byte(nil), buf[:n]...), time.Now().Add(delay())}
 			}
 			if err != nil {
 				close(ch)
@@ -70,8 +79,8 @@ func delayProxy(t *testing.T, upstream string, delay time.Duration) string {
 			conns = append(conns, c, u)
 			mu.Unlock()
 			wg.Add(2)
-			go pipe(u, c)
-			go pipe(c, u)
+			go pipe(u, c, up)
+			go pipe(c, u, down)
 		}
 	}()
 	t.Cleanup(func() {
@@ -140,5 +149,50 @@ func TestDeadlineOfAWaitingGrantBehindASlowPath(t *testing.T) {
 			}
 			t.Logf("second grant %v after the first holder's Deadline", got.Sub(l.Deadline))
 		})
+	}
+}
+
+// A grant to an acquire with a wait whose answer is held up on its way
+// (a retransmission; the same as a reader that stalls before it reads),
+// after a round trip measured quick on the same connection: the lease
+// runs on the server from the grant, and Lock.Deadline must not be later.
+// Dated from the answer's arrival less that round trip, it was later by
+// the hold-up, and another client got the key before it.
+func TestDeadlineOfAWaitingGrantWhoseAnswerIsHeldUp(t *testing.T) {
+	srv := startServer(t, "", "")
+	var down atomic.Int64
+	farAddr := proxy(t, srv.addr, func() time.Duration { return 0 }, func() time.Duration { return time.Duration(down.Load()) })
+	far := dial(t, farAddr, client.WithConns(1))
+	near := dial(t, srv.addr, client.WithConns(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for range 3 { // round trips measured quick
+		if err := far.Release(ctx, client.Lock{Key: "warm", Token: 1}); err != client.ErrNotHeld {
+			t.Fatal(err)
+		}
+	}
+	const lease, holdUp = 300 * time.Millisecond, 200 * time.Millisecond
+	down.Store(int64(holdUp))
+	l, err := far.Acquire(ctx, "held-up", lease, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Store(0)
+	var got time.Time
+	for {
+		l2, err := near.Acquire(ctx, "held-up", time.Second, 0)
+		if err == nil {
+			got = time.Now()
+			_ = near.Release(ctx, l2)
+			break
+		}
+		if err != client.ErrHeld {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	if got.Before(l.Deadline) {
+		t.Fatalf("another client was granted the key %v before the first holder's Lock.Deadline (lease %v, its answer held up %v)",
+			l.Deadline.Sub(got), lease, holdUp)
 	}
 }

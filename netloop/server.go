@@ -39,9 +39,10 @@ type Backend interface {
 }
 
 // LateRenewer is a Backend whose hand-overs' leases count from when they
-// were decided, while their holders count from the answer's arrival: an
-// answer that leaves later than that, behind other connections' work or a
-// synced write on the loop, would leave its holder believing in its lease
+// were decided, while their holders may count from the send of a request
+// answered before them on the connection (client.Lock.Deadline), which can
+// be later: an answer that leaves behind other connections' work or a
+// synced write on the loop would leave its holder believing in its lease
 // past the time the Backend gives the key to the next. RenewLate is called
 // on c's loop right before answers holding gs are written to c, and moves
 // their leases on by the time that passed; false means they must not be

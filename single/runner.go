@@ -928,8 +928,9 @@ func (r *Runner) route(p *part, now int64, c *netloop.Conn, out []byte) ([]byte,
 }
 
 // lateSlack is how late a hand-over's answer may leave after the time its
-// lease was counted from: below half the shortest round trip the client
-// subtracts from the answer's arrival to date the grant.
+// lease was counted from: less than a request takes from a client's send
+// to the server, so that a lease still runs from after the send of every
+// request answered before it, which the client may date it from.
 const lateSlack = int64(10 * time.Microsecond)
 
 // renewLate keeps the hand-overs in p.out from leaving with less lease than
