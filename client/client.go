@@ -146,7 +146,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 // Close closes every connection and stops reconnecting. Releases already
 // queued (by ReleaseNoWait, by a Release still waiting, or by the client for
 // a grant that came after its caller gave up) are written first, and their
-// answers awaited, for up to the dial timeout. Other calls in flight fail
+// answers awaited, and so are the answers to acquires whose callers gave up
+// (a grant among them is released), for up to the dial timeout; an acquire
+// still queued on the server then is withdrawn as its connection closes. Other calls in flight fail
 // with a *ConnError that wraps ErrClosed (acquires not yet written are not
 // sent); later calls return ErrClosed. Locks held stay held until released
 // (by another client, with their tokens) or until their leases end.

@@ -957,15 +957,35 @@ func (s *slot) closeFlush(deadline time.Time) {
 		if !ok {
 			return // the teardown fails what was registered
 		}
-		// What flush wrote is registered until answered.
+		// What flush wrote is registered until answered. An acquire its
+		// caller gave up on may still be granted, and then the client
+		// releases it (finish): its answer is awaited too, or a grant on
+		// its way when the connection closes would stay held to its
+		// lease's end, the server having written it.
 		s.mu.Lock()
-		pending := len(s.rel)
+		pending := len(s.rel) > 0 || s.abandonedLocked()
 		s.mu.Unlock()
-		if pending == 0 {
+		if !pending {
 			return
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// abandonedLocked tells whether an acquire whose caller gave up awaits its
+// answer. Under s.mu.
+func (s *slot) abandonedLocked() bool {
+	for _, c := range s.acq {
+		if c.state.Load() == stAbandoned {
+			return true
+		}
+	}
+	for _, c := range s.named {
+		if c.state.Load() == stAbandoned {
+			return true
+		}
+	}
+	return false
 }
 
 // maxYields bounds how often the writer or the reader yields to collect a batch.

@@ -196,3 +196,40 @@ func TestDeadlineOfAWaitingGrantWhoseAnswerIsHeldUp(t *testing.T) {
 			l.Deadline.Sub(got), lease, holdUp)
 	}
 }
+
+// An acquire whose caller gave up while it was queued, granted as Close
+// runs: Close waits for its answer and releases the grant, so that the key
+// does not stay held to the lease's end. (It returned once the releases
+// queued were answered, and the grant, written by the server, stayed.)
+func TestCloseReleasesAGrantItsCallerGaveUpOn(t *testing.T) {
+	srv := startServer(t, "", "")
+	farAddr := delayProxy(t, srv.addr, 20*time.Millisecond)
+	x := dial(t, srv.addr, client.WithConns(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	held, err := x.Acquire(ctx, "given-up", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(ctx, farAddr, client.WithConns(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gave, giveUp := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer giveUp()
+	if _, err := c.Acquire(gave, "given-up", 30*time.Second, 10*time.Second); err == nil {
+		t.Fatal("granted a held key")
+	}
+	// The key is handed over to c's queued acquire now; its answer takes
+	// 20 ms to reach c, which closes meanwhile.
+	if err := x.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Acquire(ctx, "given-up", time.Second, 2*time.Second); err != nil {
+		t.Fatalf("the key given up on, granted as Close ran, is not released: %v", err)
+	}
+}
