@@ -193,6 +193,9 @@ func (s *slot) dial(ctx context.Context) (net.Conn, error) {
 		cancel()
 		if err == nil {
 			s.cur, s.addr = j, addrs[j]
+			// A failed round of dials before this one is no longer why
+			// nothing is up, should that happen again.
+			s.cl.lastErr.Store(nil)
 			return nc, nil
 		}
 		errs = append(errs, err)
