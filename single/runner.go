@@ -928,9 +928,10 @@ func (r *Runner) route(p *part, now int64, c *netloop.Conn, out []byte) ([]byte,
 }
 
 // lateSlack is how late a hand-over's answer may leave after the time its
-// lease was counted from: less than a request takes from a client's send
-// to the server, so that a lease still runs from after the send of every
-// request answered before it, which the client may date it from.
+// lease was counted from: about what a request takes from a client's send
+// to the server, so that a lease runs from no earlier than about the send
+// of every request answered before it, which the client may date it from
+// (a client keeps a margin for clock rates anyway).
 const lateSlack = int64(10 * time.Microsecond)
 
 // renewLate keeps the hand-overs in p.out from leaving with less lease than
