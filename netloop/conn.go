@@ -144,6 +144,14 @@ func (c *Conn) Pending() int { return c.inflight }
 // NextSeq numbers the connection's requests. Loop only.
 func (c *Conn) NextSeq() uint64 { c.seq++; return c.seq }
 
+// NextSeqs numbers n requests at once (at least one, as NextSeq does): it
+// returns the first number, and the others follow it. Loop only.
+func (c *Conn) NextSeqs(n int) uint64 {
+	first := c.seq + 1
+	c.seq += uint64(max(n, 1))
+	return first
+}
+
 // Post hands over answers decided away from the connection's loop: b holds
 // n encoded answer lines, none of them a grant (grants go through PostGrant
 // or PostGrants, so that one never written is released). It copies b, so the

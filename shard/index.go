@@ -10,6 +10,11 @@ func Index[K ~string | ~[]byte](key K, n int) int {
 	if n <= 1 {
 		return 0
 	}
+	return int(Hash(key) % uint64(n))
+}
+
+// Hash is the hash Index reduces mod n: 64-bit FNV-1a of key.
+func Hash[K ~string | ~[]byte](key K) uint64 {
 	const (
 		offset = 14695981039346656037
 		prime  = 1099511628211
@@ -19,5 +24,5 @@ func Index[K ~string | ~[]byte](key K, n int) int {
 		h ^= uint64(key[i])
 		h *= prime
 	}
-	return int(h % uint64(n))
+	return h
 }

@@ -706,10 +706,7 @@ func (r *Runner) part(key []byte) *part {
 // once back in request order.
 func (r *Runner) Handle(c *netloop.Conn, reqs []codec.Request, out []byte) ([]byte, int, bool) {
 	now := r.clock.now()
-	seq := c.NextSeq()
-	for range len(reqs) - 1 {
-		c.NextSeq() // sequences follow the frames' order, whatever the shard
-	}
+	seq := c.NextSeqs(len(reqs)) // sequences follow the frames' order, whatever the shard
 	if r.inOrder || r.nearLimit(len(reqs)) {
 		return r.handleInOrder(c, reqs, out, now, seq)
 	}
@@ -725,11 +722,7 @@ func (r *Runner) handleInOrder(c *netloop.Conn, reqs []codec.Request, out []byte
 	var sh [netloop.MaxBatch]uint16
 	var touched [maxShards / 64]uint64
 	words := (len(r.parts) + 63) / 64
-	for i := range reqs {
-		s := uint(shard.Index(reqs[i].Key, len(r.parts)))
-		sh[i] = uint16(s)
-		touched[s/64] |= 1 << (s % 64)
-	}
+	shardsOf(reqs, len(r.parts), &sh, &touched)
 	for p := range r.touchedParts(touched[:words]) {
 		p.mu.Lock()
 	}
@@ -743,14 +736,55 @@ func (r *Runner) handleInOrder(c *netloop.Conn, reqs []codec.Request, out []byte
 		p := r.parts[sh[j]]
 		command(&cmd, &reqs[j], self, seq+uint64(j))
 		p.out = p.t.Apply(now, &cmd, p.out[:0])
-		var a int
-		out, a = r.route(p, now, c, out)
-		answered += a
+		if len(p.out) == 1 && r.ownAnswer(&p.out[0], self) {
+			// route's work for this one answer, without its call.
+			r.coverLeases(p)
+			if p.out[0].Result != shard.Acquired || !r.isFailed.Load() {
+				out = netloop.AppendAnswer(out, &p.out[0])
+				answered++
+			}
+		} else {
+			var a int
+			out, a = r.route(p, now, c, out)
+			answered += a
+		}
 		if r.isFailed.Load() {
 			return out, answered, true
 		}
 	}
 	return out, answered, false
+}
+
+// ownAnswer tells whether a, a command's only answer, is one that route
+// would only write to out (after coverLeases, and for a grant unless the
+// runner failed): an answer to conn self that is no hand-over (renewLate,
+// HandOver) and no grant seen by env.granting.
+func (r *Runner) ownAnswer(a *shard.Answer, self uint64) bool {
+	return self != 0 && a.To.Conn == self && !(a.Result == shard.Acquired && (a.Waited || r.env.granting != nil))
+}
+
+// shardsOf sets sh[i] to the shard of reqs[i] (shard.Index over n shards)
+// and the bit of each shard it names in touched. A function of its own, not
+// inlined, so that the hash loop keeps its values in registers rather than
+// on handleInOrder's stack, and with n a power of two (the default 16) the
+// remainder is a mask rather than a division: the same shard.
+//
+//go:noinline
+func shardsOf(reqs []codec.Request, n int, sh *[netloop.MaxBatch]uint16, touched *[maxShards / 64]uint64) {
+	if n <= 1 || n&(n-1) != 0 {
+		for i := range reqs {
+			s := uint(shard.Index(reqs[i].Key, n))
+			sh[i] = uint16(s)
+			touched[s/64] |= 1 << (s % 64)
+		}
+		return
+	}
+	mask := uint64(n - 1)
+	for i := range reqs {
+		s := uint(shard.Hash(reqs[i].Key) & mask)
+		sh[i] = uint16(s)
+		touched[s/64] |= 1 << (s % 64)
+	}
 }
 
 // nearLimit tells whether a batch of n frames may meet the end of the
@@ -886,7 +920,7 @@ func (r *Runner) route(p *part, now int64, c *netloop.Conn, out []byte) ([]byte,
 	answered := 0
 	for {
 		r.coverLeases(p)
-		if !r.isFailed.Load() {
+		if handsOver(p.out) && !r.isFailed.Load() {
 			now = r.renewLate(p, now)
 		}
 		held := r.isFailed.Load()
@@ -944,11 +978,7 @@ const lateSlack = int64(10 * time.Microsecond)
 // unlocked, RenewLate covers. Under p.mu.
 func (r *Runner) renewLate(p *part, now int64) int64 {
 	for {
-		waited := false
-		for i := range p.out {
-			waited = waited || p.out[i].Result == shard.Acquired && p.out[i].Waited
-		}
-		if !waited {
+		if !handsOver(p.out) {
 			return now
 		}
 		late := r.clock.now() - now
@@ -970,6 +1000,18 @@ func (r *Runner) renewLate(p *part, now int64) int64 {
 			return now
 		}
 	}
+}
+
+// handsOver tells whether out holds a hand-over: a grant to an acquire
+// that waited (route checks before it calls renewLate, most batches have
+// none).
+func handsOver(out []shard.Answer) bool {
+	for i := range out {
+		if out[i].Result == shard.Acquired && out[i].Waited {
+			return true
+		}
+	}
+	return false
 }
 
 // RenewLate implements netloop.LateRenewer: the hand-overs among the
@@ -1089,7 +1131,14 @@ func postAnswer(c *netloop.Conn, a *shard.Answer, since int64, b []byte) bool {
 // longer than any before, or a step, lands here and pays a synced write
 // under the shard lock, before any answer can leave. Under p.mu.
 func (r *Runner) coverLeases(p *part) {
-	if d := p.t.MaxDeadline(); satAdd(d, r.clock.ahead()) > r.leaseCeil.Load() {
+	d := p.t.MaxDeadline()
+	var ahead int64
+	if w, ok := r.clock.(*wallClock); ok {
+		ahead = w.most.Load() // r.clock.ahead() without an interface call: once per command
+	} else {
+		ahead = r.clock.ahead()
+	}
+	if satAdd(d, ahead) > r.leaseCeil.Load() {
 		r.syncReserves.Add(1)
 		if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
 			r.fail("cannot persist lease ceiling", err)
@@ -1173,7 +1222,11 @@ func (p *part) updateNext() int64 {
 	if !ok {
 		n = math.MaxInt64
 	}
-	p.next.Store(n)
+	// Only p's lock holders store it: unchanged (most batches), the store,
+	// a locked instruction, is skipped.
+	if p.next.Load() != n {
+		p.next.Store(n)
+	}
 	return n
 }
 
