@@ -129,19 +129,7 @@ func TestDeadlineOfAWaitingGrantBehindASlowPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The other client takes the key the moment the server lets it.
-			var got time.Time
-			for {
-				l2, err := near.Acquire(ctx, key, time.Second, 0)
-				if err == nil {
-					got = time.Now()
-					_ = near.Release(ctx, l2)
-					break
-				}
-				if err != client.ErrHeld {
-					t.Fatal(err)
-				}
-				time.Sleep(500 * time.Microsecond)
-			}
+			got := grantedAt(ctx, t, near, key)
 			if got.Before(l.Deadline) {
 				t.Fatalf("another client was granted the key %v before the first holder's Lock.Deadline "+
 					"(lease %v, path 40ms round trip): the Deadline is later than the lease the server counts",
@@ -178,19 +166,7 @@ func TestDeadlineOfAWaitingGrantWhoseAnswerIsHeldUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	down.Store(0)
-	var got time.Time
-	for {
-		l2, err := near.Acquire(ctx, "held-up", time.Second, 0)
-		if err == nil {
-			got = time.Now()
-			_ = near.Release(ctx, l2)
-			break
-		}
-		if err != client.ErrHeld {
-			t.Fatal(err)
-		}
-		time.Sleep(500 * time.Microsecond)
-	}
+	got := grantedAt(ctx, t, near, "held-up")
 	if got.Before(l.Deadline) {
 		t.Fatalf("another client was granted the key %v before the first holder's Lock.Deadline (lease %v, its answer held up %v)",
 			l.Deadline.Sub(got), lease, holdUp)
@@ -231,5 +207,24 @@ func TestCloseReleasesAGrantItsCallerGaveUpOn(t *testing.T) {
 	}
 	if _, err := x.Acquire(ctx, "given-up", time.Second, 2*time.Second); err != nil {
 		t.Fatalf("the key given up on, granted as Close ran, is not released: %v", err)
+	}
+}
+
+// grantedAt polls key through cl with acquires that do not wait until one
+// is granted, releases it, and returns when it was: the first moment the
+// server let another client have the key.
+func grantedAt(ctx context.Context, t *testing.T, cl *client.Client, key string) time.Time {
+	t.Helper()
+	for {
+		l, err := cl.Acquire(ctx, key, time.Second, 0)
+		if err == nil {
+			got := time.Now()
+			_ = cl.Release(ctx, l)
+			return got
+		}
+		if err != client.ErrHeld {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Microsecond)
 	}
 }

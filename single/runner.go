@@ -972,15 +972,13 @@ const lateSlack = int64(10 * time.Microsecond)
 // their holders count: the table counted them from now, read before the
 // shard lock was taken (another loop may have held it through a synced
 // write), a synced write of coverLeases or reserveTokens, or a long batch.
-// Their holders count from the answer, so the leases move on by the time
-// that passed, and the ceiling covers them again. Returns the time the
-// leases now count from; what delays the answers after the shard is
-// unlocked, RenewLate covers. Under p.mu.
+// Their holders may count from about when the answer leaves, so the
+// leases move on by the time that passed, and the ceiling covers them
+// again. Returns the time the leases now count from; what delays the
+// answers after the shard is unlocked, RenewLate covers. Under p.mu, and
+// only when p.out holds a hand-over (handsOver).
 func (r *Runner) renewLate(p *part, now int64) int64 {
 	for {
-		if !handsOver(p.out) {
-			return now
-		}
 		late := r.clock.now() - now
 		if late <= lateSlack {
 			return now

@@ -16,12 +16,17 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
+// fakeWatch is a diskWatch that reads *free and *total, logging to logs.
+func fakeWatch(t *testing.T, cluster bool, free, total *uint64) (*diskWatch, *observer.ObservedLogs) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	return &diskWatch{dir: t.TempDir(), cluster: cluster, log: zap.New(core),
+		free: func(string) (uint64, uint64, error) { return *free, *total, nil }}, logs
+}
+
 func TestDiskWatchWarnsOfANearlyFullDisk(t *testing.T) {
 	for _, cluster := range []bool{false, true} {
-		core, logs := observer.New(zapcore.InfoLevel)
 		free, total := uint64(5<<30), uint64(100<<30)
-		w := &diskWatch{dir: t.TempDir(), cluster: cluster, log: zap.New(core),
-			free: func(string) (uint64, uint64, error) { return free, total, nil }}
+		w, logs := fakeWatch(t, cluster, &free, &total)
 		now := time.Now()
 		w.check(now)
 		if n := logs.Len(); n != 0 {
@@ -69,10 +74,8 @@ func TestDiskWatchWarnsOfANearlyFullDisk(t *testing.T) {
 // reserve, once; it warns before that, and single mode's never says it.
 func TestDiskWatchStopsAClusterNodeUnderItsReserve(t *testing.T) {
 	for _, cluster := range []bool{false, true} {
-		core, logs := observer.New(zapcore.InfoLevel)
 		free, total := uint64(900<<20), uint64(100<<30)
-		w := &diskWatch{dir: t.TempDir(), cluster: cluster, log: zap.New(core),
-			free: func(string) (uint64, uint64, error) { return free, total, nil }}
+		w, logs := fakeWatch(t, cluster, &free, &total)
 		if cluster {
 			w.low = make(chan struct{})
 		}
