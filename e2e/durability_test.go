@@ -390,15 +390,21 @@ func TestCrashGraceAfterALongLeaseReleased(t *testing.T) {
 
 // mountTmpfs mounts a tmpfs of size (mount's -o size=) on a new temporary
 // dir and returns it; it is unmounted at the test's end. Skipped without
-// the right to mount (not root, or a container without CAP_SYS_ADMIN).
+// the right to mount (not root, or a container without CAP_SYS_ADMIN),
+// unless TICKETD_TEST_REQUIRE_MOUNT=1 (CI as root sets it), which makes
+// that a failure: the full-disk claims must not go unchecked unseen.
 func mountTmpfs(t *testing.T, size string) string {
 	t.Helper()
+	skip := t.Skipf
+	if os.Getenv("TICKETD_TEST_REQUIRE_MOUNT") == "1" {
+		skip = t.Fatalf
+	}
 	if os.Geteuid() != 0 {
-		t.Skip("mounts a small tmpfs, which needs root")
+		skip("mounts a small tmpfs, which needs root")
 	}
 	mnt := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here: %v %s", err, out)
+		skip("cannot mount a tmpfs here: %v %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
 	return mnt
