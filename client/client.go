@@ -1,9 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -143,15 +145,18 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	return cl, nil
 }
 
-// Close closes every connection and stops reconnecting. Releases already
-// queued (by ReleaseNoWait, by a Release still waiting, or by the client for
-// a grant that came after its caller gave up) are written first, and their
-// answers awaited, and so are the answers to acquires whose callers gave up
-// (a grant among them is released), for up to the dial timeout; an acquire
-// still queued on the server then is withdrawn as its connection closes. Other calls in flight fail
-// with a *ConnError that wraps ErrClosed (acquires not yet written are not
-// sent); later calls return ErrClosed. Locks held stay held until released
-// (by another client, with their tokens) or until their leases end.
+// Close closes every connection and stops reconnecting. Acquires sent and
+// not yet answered fail at once with a *ConnError that wraps ErrClosed;
+// those not yet written are not sent, and fail so as the connections close,
+// as do other calls in flight. Releases already queued (by ReleaseNoWait,
+// by a Release still waiting, or by the client for a grant that came after
+// its caller gave up) are written first, and their answers awaited; then
+// each connection is shut for sending, so that the server withdraws the
+// acquires still queued there and ends it, and a grant decided before that,
+// which no caller will have, is released on a connection of Close's own.
+// Each step takes up to the dial timeout. Later calls return ErrClosed.
+// Locks held stay held until released (by another client, with their
+// tokens) or until their leases end.
 func (cl *Client) Close() error {
 	if !cl.closed.CompareAndSwap(false, true) {
 		return nil
@@ -168,7 +173,58 @@ func (cl *Client) Close() error {
 		s.closeConn()
 	}
 	cl.wg.Wait()
+	cl.sendLate()
 	return nil
+}
+
+// sendLate sends the releases that Close's connections left to it
+// (slot.late) on a connection of its own, to the first address that takes
+// them, within the dial timeout; what does not get through stays held to
+// its lease's end, as it would have.
+func (cl *Client) sendLate() {
+	var out []byte
+	now := time.Now()
+	for _, s := range cl.slots {
+		s.lateMu.Lock()
+		for _, r := range s.late {
+			if now.Before(r.until) {
+				out = codec.AppendRelease(out, r.token, []byte(r.key))
+			}
+		}
+		s.late = nil
+		s.lateMu.Unlock()
+	}
+	if len(out) == 0 {
+		return
+	}
+	deadline := now.Add(cl.cfg.dialTimeout)
+	for _, addr := range cl.addrs {
+		if releasedOn(addr, out, deadline) || !time.Now().Before(deadline) {
+			return
+		}
+	}
+}
+
+// releasedOn writes the release lines out to addr, shuts the sending side
+// and reads the answers to the end of the server's stream, so that closing
+// resets nothing still on its way. False if that failed, or a node of a
+// cluster could not carry them out (E unavailable): another address may.
+func releasedOn(addr string, out []byte, deadline time.Time) bool {
+	d := net.Dialer{Deadline: deadline}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(deadline)
+	if _, err := nc.Write(out); err != nil {
+		return false
+	}
+	if cw, ok := nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	in, err := io.ReadAll(nc)
+	return err == nil && !bytes.HasPrefix(in, []byte("E ")) && !bytes.Contains(in, []byte("\nE "))
 }
 
 // Acquire asks for key with a lease of lease, waiting up to wait in the

@@ -96,6 +96,22 @@ type slot struct {
 	// written on the connection.
 	ending   atomic.Bool
 	homePace redial.Home // run goroutine only, read by goHome while serve runs
+
+	// shutWrite: Close shut the connection's sending side (closeFlush), and
+	// nothing more is written on it. late, guarded by lateMu: releases Close
+	// sends on a connection of its own once every slot is down (sendLate):
+	// grants that came after the shut, and releases that nobody waits for
+	// and that found no connection left to carry them.
+	shutWrite atomic.Bool
+	lateMu    sync.Mutex
+	late      []lateRelease
+}
+
+// lateRelease is a release left for Close to send (slot.late).
+type lateRelease struct {
+	token uint64
+	key   string
+	until time.Time // the lock's Deadline: past it there is nothing to release
 }
 
 // namedKey finds an AcquireAs call by its owner and key: a struct of the
@@ -587,6 +603,9 @@ func (s *slot) failUnsent(err error) {
 // nobody wants.
 func (s *slot) finish(c *call) {
 	if c.internal {
+		if c.kind == 'R' && c.err != nil {
+			s.releaseLate(c.token, c.key, c.until) // Close's, if it is closing
+		}
 		putCall(c)
 		return
 	}
@@ -607,14 +626,31 @@ func (s *slot) finish(c *call) {
 		return
 	}
 	if c.kind == 'A' && c.res == 'A' && c.err == nil {
+		until := c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)
+		if s.shutWrite.Load() {
+			s.releaseLate(c.resToken, c.key, until)
+			putCall(c)
+			return
+		}
 		r := getCall()
-		r.kind, r.internal, r.key, r.token = 'R', true, c.key, c.resToken
-		r.until = c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)
+		r.kind, r.internal, r.key, r.token, r.until = 'R', true, c.key, c.resToken, until
 		if !s.push(r) && !s.cl.submit(r, s) && !s.hold(r) {
-			putCall(r) // no connection before the lease's end
+			s.releaseLate(r.token, r.key, r.until)
+			putCall(r) // no connection before the lease's end (or Close sends it)
 		}
 	}
 	putCall(c)
+}
+
+// releaseLate leaves the release of token for Close to send, if the client
+// is closing and the lock's Deadline until has not passed.
+func (s *slot) releaseLate(token uint64, key string, until time.Time) {
+	if !s.cl.closed.Load() || until.IsZero() || !time.Now().Before(until) {
+		return
+	}
+	s.lateMu.Lock()
+	s.late = append(s.late, lateRelease{token, key, until})
+	s.lateMu.Unlock()
 }
 
 // goHome runs while the slot's connection nc is off its own address: every
@@ -809,6 +845,9 @@ type batchWriter struct {
 // pending). With try it writes only what the socket takes at once and leaves
 // the remainder in rest.
 func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
+	if s.shutWrite.Load() {
+		return true // what is queued fails in the teardown; Close sends the releases
+	}
 	if len(w.rest) > 0 {
 		if try != nil {
 			return true // the writer's job: it may have to wait
@@ -918,13 +957,19 @@ func (s *slot) addRel(c *call) {
 	first.next = c
 }
 
-// closeFlush is Close's last write on the slot's connection, if one is up:
-// the releases queued on it (ReleaseNoWait's, a late grant's, a waiting
-// Release's) go out, and it waits for their answers, until deadline.
-// Closed at once, the connection dropped them, and their locks stayed held
-// to the end of their leases; and a close with answers unread resets the
-// connection, which can drop what was just written. Acquires still queued
-// are not sent: they fail with ErrClosed in the teardown.
+// closeFlush is Close's last use of the slot's connection, if one is up.
+// The callers of acquires sent on it and not yet answered get ErrClosed at
+// once (giveUpWaiting). The releases queued on it (ReleaseNoWait's, a late
+// grant's, a waiting Release's) go out, and it waits for their answers.
+// Then it shuts the connection's sending side: the server answers what it
+// has decided, withdraws the acquires still queued, and ends its stream,
+// which the reader reads to. A grant that comes meanwhile is released by
+// Close on a connection of its own (finish, sendLate). All until deadline.
+// Closed at once, the connection dropped the releases, and their locks
+// stayed held to the end of their leases, as did a grant on its way; and a
+// close with answers unread resets the connection, which can drop what was
+// just written. Acquires still queued in the client are not sent: they fail
+// with ErrClosed in the teardown.
 //
 // A move home under way is called off (goHome sees closed under ncMu and
 // no longer moves), so the releases it held back go out on nc. One already
@@ -946,12 +991,10 @@ func (s *slot) closeFlush(deadline time.Time) {
 	if nc == nil || switching || s.moving.Load() || s.ending.Load() {
 		return
 	}
+	s.giveUpWaiting()
 	_ = nc.SetWriteDeadline(deadline)
-	for time.Now().Before(deadline) {
-		s.ncMu.Lock()
-		gone := s.nc != nc
-		s.ncMu.Unlock()
-		if gone {
+	for {
+		if s.gone(nc) {
 			return // the teardown failed what was registered
 		}
 		s.wmu.Lock()
@@ -960,35 +1003,67 @@ func (s *slot) closeFlush(deadline time.Time) {
 		if !ok {
 			return // the teardown fails what was registered
 		}
-		// What flush wrote is registered until answered. An acquire its
-		// caller gave up on may still be granted, and then the client
-		// releases it (finish): its answer is awaited too, or a grant on
-		// its way when the connection closes would stay held to its
-		// lease's end, the server having written it.
+		// What flush wrote is registered until answered.
 		s.mu.Lock()
-		pending := len(s.rel) > 0 || s.abandonedLocked()
+		pending := len(s.rel) > 0
 		s.mu.Unlock()
-		if !pending {
-			return
+		if !pending || !time.Now().Before(deadline) {
+			break
 		}
+		time.Sleep(time.Millisecond)
+	}
+	s.wmu.Lock()
+	s.shutWrite.Store(true)
+	cw, ok := nc.(interface{ CloseWrite() error })
+	ok = ok && cw.CloseWrite() == nil
+	s.wmu.Unlock()
+	for ok && !s.gone(nc) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 }
 
-// abandonedLocked tells whether an acquire whose caller gave up awaits its
-// answer. Under s.mu.
-func (s *slot) abandonedLocked() bool {
-	for _, c := range s.acq {
-		if c.state.Load() == stAbandoned {
-			return true
+// gone tells whether nc is no longer the slot's connection: its reader has
+// ended, and the teardown has failed what was registered on it.
+func (s *slot) gone(nc net.Conn) bool {
+	s.ncMu.Lock()
+	defer s.ncMu.Unlock()
+	return s.nc != nc
+}
+
+// giveUpWaiting fails, with ErrClosed, the calls of the acquires sent on the
+// slot's connection and not yet answered, as if their callers had given up:
+// each stays registered as a copy of its own whose caller gave up, so that
+// a grant that still comes is released (finish) rather than reaching a
+// caller that could not release it any more, the client being closed.
+func (s *slot) giveUpWaiting() {
+	var failed []*call
+	s.mu.Lock()
+	for seq, c := range s.acq {
+		if c.state.Load() != stAbandoned {
+			s.acq[seq] = abandonedCopy(c)
+			failed = append(failed, c)
 		}
 	}
-	for _, c := range s.named {
-		if c.state.Load() == stAbandoned {
-			return true
+	for k, c := range s.named {
+		if c.state.Load() != stAbandoned {
+			s.named[k] = abandonedCopy(c)
+			failed = append(failed, c)
 		}
 	}
-	return false
+	s.mu.Unlock()
+	for _, c := range failed {
+		c.err = &ConnError{Addr: s.cl.addrList, Unknown: true, Err: ErrClosed}
+		s.finish(c)
+	}
+}
+
+// abandonedCopy is a call for acquire c's answer that nobody waits for.
+func abandonedCopy(c *call) *call {
+	k := getCall()
+	k.kind, k.seq, k.owner, k.key = c.kind, c.seq, c.owner, c.key
+	k.leaseMs, k.waitMs, k.sent = c.leaseMs, c.waitMs, c.sent
+	k.state.Store(stAbandoned)
+	return k
 }
 
 // maxYields bounds how often the writer or the reader yields to collect a batch.

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -207,6 +208,46 @@ func TestCloseReleasesAGrantItsCallerGaveUpOn(t *testing.T) {
 	}
 	if _, err := x.Acquire(ctx, "given-up", time.Second, 2*time.Second); err != nil {
 		t.Fatalf("the key given up on, granted as Close ran, is not released: %v", err)
+	}
+}
+
+// An acquire still waiting when Close runs fails with ErrClosed, and a
+// grant already on its way to it is released by Close: its caller can no
+// longer use the lock, nor release it.
+func TestCloseReleasesAGrantItsCallerStillWaitsFor(t *testing.T) {
+	srv := startServer(t, "", "")
+	farAddr := delayProxy(t, srv.addr, 20*time.Millisecond)
+	x := dial(t, srv.addr, client.WithConns(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	held, err := x.Acquire(ctx, "still-waited-for", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(ctx, farAddr, client.WithConns(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, "still-waited-for", 30*time.Second, 10*time.Second)
+		waited <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // queued on the server by now
+	// The key is handed over to c's queued acquire now; its answer takes
+	// 20 ms to reach c, which closes meanwhile.
+	if err := x.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("the acquire waiting as Close ran: %v, want ErrClosed", err)
+	}
+	if _, err := x.Acquire(ctx, "still-waited-for", time.Second, 2*time.Second); err != nil {
+		t.Fatalf("the key granted as Close ran, to an acquire whose caller still waited, is not released: %v", err)
 	}
 }
 
