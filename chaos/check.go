@@ -195,19 +195,17 @@ func releasesByToken(ops []*Op) map[uint64][]*Op {
 // ends a skew after its deadline). Unlike dating from the answer's arrival
 // less a round trip, which this rule replaced, no stall of the server
 // before its write or of the reader before its read can make it late (a
-// campaign with strace holding up the server's syscalls found those). A
-// hand-over that the server did not renew is caught on a connection whose
-// later request was answered first, once it is later than the margin.
-const clientMargin = int64(50 * time.Millisecond)
+// campaign with strace holding up the server's syscalls found those), nor
+// a pause: a server stopped between its renewal and its write has read
+// nothing since, so every request answered before the grant was sent
+// before the renewal. The margin covers the single-mode slack alone; a
+// hand-over the server did not renew is caught on a connection whose later
+// request was answered first.
+const clientMargin = int64(time.Millisecond)
 
 // holds dates the leases of grants that may have waited by the Go client's
 // rule (Op.Start), where the server promises it.
 type holds struct {
-	// pauses: a server stopped after it renewed a hand-over and before
-	// its answer left sends it late, with a lease that counts from before;
-	// no server can avoid that (nor a client: its rule assumes no stall),
-	// so a grant answered across a pause is not judged by the rule.
-	pauses []*Event
 	// clocks: the client's rule holds while node clocks differ by less
 	// than half the skew; the clock faults stay within the skew, so a
 	// lease that runs while one is under way loses the other half.
@@ -218,10 +216,7 @@ type holds struct {
 func newHolds(h *History, cfg CheckConfig) *holds {
 	hd := &holds{skew: cfg.Skew}
 	for _, e := range h.Events {
-		switch e.Kind {
-		case EvPause:
-			hd.pauses = append(hd.pauses, e)
-		case EvClock:
+		if e.Kind == EvClock {
 			hd.clocks = append(hd.clocks, e)
 		}
 	}
@@ -235,11 +230,6 @@ func (hd *holds) clientEnd(g *Op) int64 {
 	d := g.clientDeadline()
 	if d == 0 || g.Kind != 'A' || g.Result != ResGranted || g.WaitMs == 0 || g.Complete < 0 {
 		return 0
-	}
-	for _, e := range hd.pauses {
-		if e.Start < g.Complete && (e.End == 0 || e.End > g.Invoke) {
-			return 0
-		}
 	}
 	d -= clientMargin
 	for _, e := range hd.clocks {
