@@ -269,3 +269,91 @@ func grantedAt(ctx context.Context, t *testing.T, cl *client.Client, key string)
 		time.Sleep(500 * time.Microsecond)
 	}
 }
+
+// Clients closed in the middle of contended traffic (acquires queued and
+// granted, releases in flight, callers that give up) leave no key held but
+// by the locks their callers had and could not release once the client was
+// closed (Close releases nothing its callers hold): every lease is a
+// minute, so a grant that reached no caller, or a release that was lost,
+// would still hold its key when those have been released by another
+// client.
+func TestCloseInTheMiddleLeavesNoKeyHeld(t *testing.T) {
+	srv := startServer(t, "", "")
+	farAddr := delayProxy(t, srv.addr, time.Millisecond)
+	ctx := testCtx(t)
+	keys := []string{"mid-0", "mid-1", "mid-2", "mid-3"}
+	x := dial(t, srv.addr)
+	var mu sync.Mutex
+	var kept []client.Lock // granted to a caller, and not released by it
+	total, grants := 0, 0
+	for round := range 8 {
+		addr := srv.addr
+		if round%2 == 1 {
+			addr = farAddr // answers in flight for longer as Close runs
+		}
+		c, err := client.Dial(ctx, addr, client.WithConns(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for g := range 16 {
+			wg.Go(func() {
+				key := keys[g%len(keys)]
+				for i := 0; ; i++ {
+					wait := 5 * time.Second
+					if i%3 == 0 {
+						wait = time.Duration(5+g) * time.Millisecond // gives up
+					}
+					actx, cancel := context.WithTimeout(ctx, wait)
+					l, err := c.Acquire(actx, key, time.Minute, 2*time.Second)
+					cancel()
+					if errors.Is(err, client.ErrClosed) {
+						return
+					}
+					if err != nil {
+						continue // gave up, or the wait passed
+					}
+					mu.Lock()
+					grants++
+					mu.Unlock()
+					time.Sleep(time.Duration(i%3) * time.Millisecond)
+					if i%2 == 0 {
+						err = c.Release(ctx, l)
+					} else {
+						err = c.ReleaseNoWait(l) // Close sends it if it is queued
+					}
+					if err != nil {
+						mu.Lock()
+						kept = append(kept, l)
+						mu.Unlock()
+					}
+					if errors.Is(err, client.ErrClosed) {
+						return
+					}
+				}
+			})
+		}
+		time.Sleep(time.Duration(30+10*round) * time.Millisecond)
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		for _, l := range kept {
+			if err := x.Release(ctx, l); err != nil && !errors.Is(err, client.ErrNotHeld) {
+				t.Fatalf("releasing %v, kept by its caller: %v", l, err)
+			}
+		}
+		total += len(kept)
+		kept = kept[:0]
+		for _, key := range keys {
+			l, err := x.Acquire(ctx, key, time.Second, 0)
+			if err != nil {
+				t.Fatalf("round %d: %s, after its client closed and every lock its callers kept was released: %v", round, key, err)
+			}
+			if err := x.Release(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Logf("%d grants, %d locks kept by their callers as their clients closed", grants, total)
+}
