@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ticketd/ticketd/client"
+	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
 // delayProxy listens on a loopback port, returned, and forwards every connection to upstream,
@@ -277,21 +279,40 @@ func grantedAt(ctx context.Context, t *testing.T, cl *client.Client, key string)
 // minute, so a grant that reached no caller, or a release that was lost,
 // would still hold its key when those have been released by another
 // client.
+//
+// In single mode every other client is behind a proxy that holds each
+// answer up a millisecond; in a 3-node cluster answers come as requests
+// commit, and Close's shut waits for those in flight.
 func TestCloseInTheMiddleLeavesNoKeyHeld(t *testing.T) {
-	srv := startServer(t, "", "")
-	farAddr := delayProxy(t, srv.addr, time.Millisecond)
+	t.Run("single", func(t *testing.T) {
+		srv := startServer(t, "", "")
+		closeInTheMiddle(t, []string{srv.addr, delayProxy(t, srv.addr, time.Millisecond)}, 30*time.Millisecond)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("starts a 3-node cluster")
+		}
+		c, err := serverproc.StartCluster("", 3, startTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Stop(10 * time.Second) })
+		closeInTheMiddle(t, []string{strings.Join(c.Addrs(), ",")}, 100*time.Millisecond)
+	})
+}
+
+// closeInTheMiddle runs TestCloseInTheMiddleLeavesNoKeyHeld's rounds, each
+// with a client of the next of addrs (comma-separated addresses of one
+// server or cluster), closed after a round's time from least on.
+func closeInTheMiddle(t *testing.T, addrs []string, least time.Duration) {
 	ctx := testCtx(t)
 	keys := []string{"mid-0", "mid-1", "mid-2", "mid-3"}
-	x := dial(t, srv.addr)
+	x := dial(t, addrs[0])
 	var mu sync.Mutex
 	var kept []client.Lock // granted to a caller, and not released by it
 	total, grants := 0, 0
 	for round := range 8 {
-		addr := srv.addr
-		if round%2 == 1 {
-			addr = farAddr // answers in flight for longer as Close runs
-		}
-		c, err := client.Dial(ctx, addr, client.WithConns(2))
+		c, err := client.Dial(ctx, addrs[round%len(addrs)], client.WithConns(2))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -333,7 +354,7 @@ func TestCloseInTheMiddleLeavesNoKeyHeld(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(time.Duration(30+10*round) * time.Millisecond)
+		time.Sleep(least + time.Duration(round)*least/3)
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
