@@ -27,9 +27,10 @@ import (
 //     sector is written whole or not at all.
 //   - ticketd.snapshot: the table at the last clean shutdown, checksummed,
 //     written beside and renamed into place; removed once loaded.
-//   - ticketd.id: written once, after the first state file, and never
-//     changed: it keeps the dir recognisable as used when ticketd.state is
-//     lost.
+//   - ticketd.id: written after each state file begun anew (a new dir's, a
+//     recovery's), naming the dir's first use as that state's Created does:
+//     it keeps the dir recognisable as used when ticketd.state is lost, and
+//     a ticketd.state of another dir copied in is told by it.
 //
 // A dir that holds anything but no readable ticketd.state was used before
 // (or is not ours): it is refused, never written into, unless the operator
@@ -255,6 +256,15 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		}
 	}
 
+	if idAt, ok := readID(dir, names); ok && ld.stOK && ld.st.Created != idAt && !(begunByRecovery(ld.st) && ld.st.Created > idAt) {
+		// Another dir's state file copied in (a mix-up while moving files,
+		// a sync tool): its ceilings are not this dir's, and a start on
+		// them could grant held keys again and repeat tokens.
+		ld.damage = append(ld.damage, fmt.Sprintf("%s was written in another data dir: it records a first use at unix ns %d, and %s one at %d (a file copied in?)",
+			stateName, ld.st.Created, idName, idAt))
+		ld.stOK = false
+	}
+
 	b, err = os.ReadFile(filepath.Join(dir, snapName))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -266,11 +276,14 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		if ld.snap, seq, created, err = decodeSnapshot(b); err != nil {
 			ld.damage = append(ld.damage, fmt.Sprintf("%s is damaged (%v)", snapName, err))
 		} else if created != 0 && ld.stOK && created != ld.st.Created {
-			// Another dir's (a mix-up while moving files, a sync tool): its
-			// Seq may well equal this state's, and loaded, it would forget
-			// this dir's holders and take its tokens back. A crash's
-			// restart instead, on this dir's ceilings, and the file goes.
-			ld.snap, ld.staleSnap = nil, fmt.Sprintf("it was written in another data dir (first used at unix ns %d; this one at %d)", created, ld.st.Created)
+			// One of the two is another dir's (a mix-up while moving files,
+			// a sync tool), and which cannot be told: ticketd.id may have
+			// come with the state. A foreign snapshot loaded would forget
+			// this dir's holders and take its tokens back, as would a
+			// crash's restart on a foreign state's ceilings.
+			ld.damage = append(ld.damage, fmt.Sprintf("%s and %s were written in different data dirs (first used at unix ns %d and %d): one of them was copied in, and which cannot be told",
+				snapName, stateName, created, ld.st.Created))
+			ld.stOK = false
 		} else if seq != 0 && ld.stOK && seq > ld.st.Seq {
 			// Every write of the state raises its Seq, and the snapshot
 			// names the one it was written with: a state below it went
@@ -330,7 +343,8 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		}
 	}
 
-	if !ld.stOK {
+	begun := !ld.stOK
+	if begun {
 		// A new dir, or a recovered one: the state file is written whole
 		// beside and renamed into place, so it never exists half-written.
 		ld.st = state{Created: now}
@@ -346,8 +360,8 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 			return fail(err)
 		}
 	}
-	if !slices.Contains(names, idName) {
-		id := fmt.Sprintf("ticketd data dir, first used at unix ns %d\n", ld.st.Created)
+	if begun || !slices.Contains(names, idName) {
+		id := fmt.Sprintf(idFormat+"\n", ld.st.Created)
 		if err := s.writeFile(idName, []byte(id)); err != nil {
 			return fail(fmt.Errorf("cannot create %s in data dir %q: %w", idName, dir, err))
 		}
@@ -357,6 +371,32 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 	}
 	return s, ld, nil
 }
+
+// idFormat is ticketd.id's one line.
+const idFormat = "ticketd data dir, first used at unix ns %d"
+
+// readID returns the first use that ticketd.id names, if the dir holds one
+// that reads as written; one unreadable says nothing (it is only a mark).
+func readID(dir string, names []string) (int64, bool) {
+	if !slices.Contains(names, idName) {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, idName))
+	if err != nil {
+		return 0, false
+	}
+	var at int64
+	if n, err := fmt.Sscanf(string(b), idFormat+"\n", &at); n != 1 || err != nil {
+		return 0, false
+	}
+	return at, true
+}
+
+// begunByRecovery tells whether st was begun by a recovery (its tokens
+// started above its Created in ns). Recoveries of earlier versions left
+// ticketd.id as it was, so such a state may name a first use later than
+// the id's.
+func begunByRecovery(st state) bool { return st.TokenCeil >= RecoveryFloor(st.Created) }
 
 // lastUse is the latest time the dir's files show, in unix ns: their
 // modification times and the times in the names of files an earlier

@@ -786,12 +786,14 @@ func TestGraceCarriedOverAShardsChangeOnAFastClock(t *testing.T) {
 	}
 }
 
-// A clean shutdown's snapshot names its dir: one of another dir (a mix-up
-// while moving files, a sync tool), even at the same Seq as this dir's
-// state, is not loaded as this dir's clean shutdown, which would forget its
-// holders and take its tokens back. The start is a crash's restart on this
-// dir's ceilings, and the file goes.
-func TestSnapshotOfAnotherDataDirIsNotLoaded(t *testing.T) {
+// A snapshot of another data dir (a mix-up while moving files, a sync
+// tool), even at the same Seq as this dir's state, is not loaded as this
+// dir's clean shutdown, which would forget its holders and take its tokens
+// back; and as ticketd.state and ticketd.id may as well be the ones copied
+// in, a crash's restart on the state's ceilings is no safer. The dir is
+// refused as damaged, untouched; a recovery then starts above every token
+// and past every lease of it.
+func TestSnapshotOfAnotherDataDirIsRefused(t *testing.T) {
 	dirA, dirB := t.TempDir(), t.TempDir()
 	a := startRig(t, dirA, rigOpts{shards: 1})
 	ca := a.dial()
@@ -827,20 +829,125 @@ func TestSnapshotOfAnotherDataDirIsNotLoaded(t *testing.T) {
 	if err := (&store{dir: dirA}).putSnapshot(stA.Seq, created, blob); err != nil {
 		t.Fatal(err)
 	}
+	refusedUntouched(t, dirA, "different data dirs")
 
-	r, err := open(Options{DataDir: dirA, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}, env{clock: newFakeClock(testStart)})
+	opt := Options{DataDir: dirA, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour, RecoverDamaged: true}
+	r, err := open(opt, env{clock: newFakeClock(testStart)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if r.Clean || !r.Crashed || !strings.Contains(r.StaleSnapshot, "another data dir") {
-		t.Errorf("another dir's snapshot: clean=%v crashed=%v stale %q; want a crash restart that says why", r.Clean, r.Crashed, r.StaleSnapshot)
+	if r.Recovered == nil || r.TokenFloor < last || r.GraceLeft() < 600*time.Second {
+		t.Errorf("recovered: %v, tokens above %d (ka's is %d, the last %d), grace %v; want a recovery above both and past ka's lease",
+			r.Recovered, r.TokenFloor, held, last, r.GraceLeft())
 	}
-	if r.TokenFloor < last {
-		t.Errorf("tokens go on above %d; %d (ka's is %d) was answered in this dir", r.TokenFloor, last, held)
+}
+
+// A state file of another data dir copied in, this dir's ticketd.id left
+// as it was, is refused as damaged, untouched: its ceilings are not this
+// dir's, and a start on them granted held keys again and went back on
+// tokens. With a snapshot of this dir beside it, and without.
+func TestStateOfAnotherDataDirIsRefused(t *testing.T) {
+	for _, clean := range []bool{true, false} {
+		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
+			dirA, dirB := t.TempDir(), t.TempDir()
+			b := startRig(t, dirB, rigOpts{shards: 1, clock: newFakeClock(testStart - int64(time.Hour))}) // used before A
+			cb := b.dial()
+			cb.acquire("b", "kb", 1000)
+			cb.c.Close()
+			b.crash()
+
+			a := startRig(t, dirA, rigOpts{shards: 1})
+			ca := a.dial()
+			var last uint64
+			for i := range 4 {
+				last = ca.acquire("a", fmt.Sprintf("held%d", i), 600_000)
+			}
+			ca.c.Close()
+			if clean {
+				if err := a.shutdown(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				a.crash()
+			}
+			raw, err := os.ReadFile(filepath.Join(dirB, stateName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dirA, stateName), raw, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			refusedUntouched(t, dirA, "another data dir")
+
+			opt := Options{DataDir: dirA, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour, RecoverDamaged: true}
+			r, err := open(opt, env{clock: newFakeClock(testStart + int64(time.Second))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Recovered == nil || r.TokenFloor < last || r.GraceLeft() < 599*time.Second {
+				t.Errorf("recovered: %v, tokens above %d (A's last %d), grace %v; want a recovery above A's tokens and past its leases",
+					r.Recovered, r.TokenFloor, last, r.GraceLeft())
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// The recovery's new state and ticketd.id agree: the next
+			// start is an ordinary one.
+			r, err = open(Options{DataDir: dirA, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}, env{clock: newFakeClock(testStart + 2*int64(time.Second))})
+			if err != nil {
+				t.Fatalf("the start after the recovery: %v", err)
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
-	if _, err := os.Stat(filepath.Join(dirA, snapName)); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("the other dir's snapshot is still there: %v", err)
+}
+
+// A dir that an earlier version recovered, which began a state of its own
+// and left ticketd.id naming the dir's first use, still starts: a state
+// begun by a recovery names a later first use than the id's, with tokens
+// above it.
+func TestDirRecoveredByAnEarlierVersionStarts(t *testing.T) {
+	dir := usedDir(t, false)
+	idBefore, err := os.ReadFile(filepath.Join(dir, idName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, stateName), []byte("damaged"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second, MaxLease: time.Minute, RecoverDamaged: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, idName), idBefore, 0o644); err != nil { // as an earlier version left it
+		t.Fatal(err)
+	}
+	r, err = Open(Options{DataDir: dir, Shards: 2, SweepInterval: time.Second, MaxLease: time.Minute})
+	if err != nil {
+		t.Fatalf("a dir recovered by an earlier version: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// refusedUntouched opens dir without recovery, wants it refused as damaged
+// with an error that contains want, and nothing in it changed.
+func refusedUntouched(t *testing.T, dir, want string) {
+	t.Helper()
+	before := dirContents(t, dir)
+	_, err := open(Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}, env{clock: newFakeClock(testStart)})
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("open: %v; want it refused as damaged, saying %q", err, want)
+	}
+	if after := dirContents(t, dir); !maps.Equal(before, after) {
+		t.Fatalf("a refused data dir was written to:\nbefore %q\nafter  %q", keys(before), keys(after))
 	}
 }
 
