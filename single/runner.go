@@ -155,6 +155,12 @@ type Runner struct {
 	// state or another dir's ("": none was); the start is then a crash
 	// restart.
 	StaleSnapshot string
+	// StateWrites and StateWritten are the write count and time (unix ns,
+	// 0: unknown) of the state the start found: logged, so that a data
+	// dir put back from an older copy, which nothing in it tells, shows
+	// against the last run's log as a count gone back.
+	StateWrites  uint64
+	StateWritten int64
 }
 
 // Open opens the data dir and loads what the last run left.
@@ -290,6 +296,9 @@ func (r *Runner) load(ld loaded, now int64) error {
 		r.parts[i] = &part{t: r.newTable(keys, waiters)}
 	}
 	r.st = ld.st
+	if ld.stOK {
+		r.StateWrites, r.StateWritten = ld.st.Seq, ld.st.Written
+	}
 	r.tokenCeil.Store(ld.st.TokenCeil)
 	r.leaseCeil.Store(ld.st.LeaseCeil)
 	st := ld.st // what to write before serving

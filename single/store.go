@@ -343,6 +343,17 @@ func openStore(dir string, recoverDamaged bool, maxLease time.Duration, now int6
 		}
 	}
 
+	// A dir this process cannot write in fails here, before the start
+	// writes its state: a state written and then a snapshot that could
+	// not be removed turned a clean restart into a crash's.
+	probe := filepath.Join(dir, stateName+tmpSuffix)
+	if err := os.WriteFile(probe, nil, 0o644); err != nil {
+		return fail(fmt.Errorf("cannot write in data dir %q: %w", dir, ioErr(dir, err)))
+	}
+	if err := os.Remove(probe); err != nil {
+		return fail(fmt.Errorf("cannot write in data dir %q: %w", dir, ioErr(dir, err)))
+	}
+
 	begun := !ld.stOK
 	if begun {
 		// A new dir, or a recovered one: the state file is written whole
@@ -424,7 +435,8 @@ func clockPastUse(dir string, now, last int64, by string) error {
 		return nil
 	}
 	return fmt.Errorf("data dir %q was last used at %s (%s), after the wall clock's %s: a recovery now could give tokens again; "+
-		"set the clock right, then start again",
+		"if the clock is behind, set the clock right and start again; if it is right, that time is ahead of it (a file copied from a host whose clock was fast?): "+
+		"start again once the clock has passed it",
 		dir, time.Unix(0, last).UTC().Format(time.RFC3339Nano), by, time.Unix(0, now).UTC().Format(time.RFC3339Nano))
 }
 

@@ -297,6 +297,15 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 		}
 		return nil, err
 	}
+	if runner.StateWrites > 0 {
+		// Nothing in a data dir put back from an older copy tells it: its
+		// write count, against the last run's log, does.
+		fields := []zap.Field{zap.String("data_dir", cfg.dataDir), zap.Uint64("writes", runner.StateWrites)}
+		if runner.StateWritten != 0 {
+			fields = append(fields, zap.Time("last_written", time.Unix(0, runner.StateWritten)))
+		}
+		log.Info("data dir state found", fields...)
+	}
 	switch {
 	case runner.Recovered != nil:
 		log.Warn("recovered a damaged data dir",
