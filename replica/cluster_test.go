@@ -657,6 +657,49 @@ func TestClusterLostNodesAcquiresAreWithdrawn(t *testing.T) {
 	}
 }
 
+// The acquires queued through a node that a replace took out are withdrawn
+// at the leader's next pass, not once it has led for two unavailable
+// timeouts: every leadership change (a replace hands the new node its
+// shards) put that off again, and meanwhile the key went to nobody and
+// stayed held for the lost waiter's lease (a review: 14 s and more).
+func TestClusterReplacedNodesAcquiresAreWithdrawnAtOnce(t *testing.T) {
+	const unavailable = 10 * time.Second // a pass every 5 s; led for 20 s before the rule for nodes out of reach
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
+	h := c.dial(0)
+	h.send("A h k 60000 0")
+	h.expect("A 1 h k")
+	w := c.dial(2)
+	w.send("A w k 600000 600000")
+	waiters := func() int { return c.nodes[0].Stats().Waiters }
+	for deadline := time.Now().Add(10 * time.Second); waiters() != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("w's acquire was not queued")
+		}
+	}
+	// Node 3 goes down as in a crash, and is replaced by node 4 (not
+	// started: nobody needs it to take the lost node's acquires out).
+	_ = c.nodes[2].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_ = c.srvs[2].Stop(ctx)
+	c.nodes[2], c.srvs[2] = nil, nil
+	c.replaceThird(ctx)
+	replaced := time.Now()
+	// Within a pass and its commit, well before the leader (elected as the
+	// cluster started, seconds ago) has led for 20 s.
+	for waiters() != 0 {
+		if time.Since(replaced) > unavailable {
+			t.Fatalf("the acquire queued through the replaced node is still queued %v after the replace", time.Since(replaced))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	x := c.dial(1)
+	x.send("A x k 60000 30000")
+	h.send("R 1 k")
+	h.expect("R 1 k")
+	x.expect("A 2 x k")
+}
+
 // A replace with a wrong id or address is refused before any shard
 // changes: taking out a live node (with the lost one still counted) would
 // leave its shards without a quorum for good, and adding a member that is

@@ -1949,20 +1949,36 @@ func (n *Node) reapLoop() {
 			if f == nil || g.leader.Load() != uint64(self) || g.reapRun.Load() {
 				continue
 			}
-			if sinceMono(g.ledSince.Load()) < lostAfter*n.opt.UnavailableTimeout {
-				// A follower sends to no other follower: its view of a
-				// node's reach can be old until it has led for a while.
-				continue
-			}
+			// A follower sends to no other follower: its view of a node's
+			// reach can be old until it has led for a while. A node taken
+			// out of the shard (a replace) is gone whatever its reach:
+			// its acquires go at once, as read through the log, or each
+			// leadership change (a replace hands the new node its shards)
+			// put their withdrawal off again while keys went to nobody.
+			settled := sinceMono(g.ledSince.Load()) >= lostAfter*n.opt.UnavailableTimeout
 			clear(most)
 			f.mu.Lock()
 			f.t.WaitingAbove(self, most)
 			f.mu.Unlock()
 			var b []byte
 			count := uint64(0)
+			var members map[uint64]string // read through the log, once a pass
 			for node, conn := range most {
-				if !n.lostNode(g, m, node) {
+				if settled && !n.lostNode(g, m, node) {
 					continue
+				}
+				if !settled {
+					if _, member := g.members(m)[node]; member {
+						continue
+					}
+					if members == nil {
+						if members = n.readMembers(g); members == nil {
+							break // no read: the next pass tries again
+						}
+					}
+					if _, member := members[uint64(node)]; member {
+						continue
+					}
 				}
 				// The connections seen, of every incarnation up to theirs:
 				// one the node opens later, as after the link heals before
@@ -1986,6 +2002,20 @@ func (n *Node) reapLoop() {
 			}()
 		}
 	})
+}
+
+// readMembers reads g's voting members through the log (a leader's view is
+// then current); nil if that fails within a second.
+func (n *Node) readMembers(g *group) map[uint64]string {
+	ctx, cancel := n.untilStop(context.Background())
+	defer cancel()
+	ctx, cancelRead := context.WithTimeout(ctx, time.Second)
+	defer cancelRead()
+	m, err := n.nh.SyncGetShardMembership(ctx, g.id)
+	if err != nil {
+		return nil
+	}
+	return m.Nodes
 }
 
 // members is the shard's own voting members where known, else the set all
