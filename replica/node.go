@@ -1823,6 +1823,14 @@ func (n *Node) refreshMembers() {
 			n.grps[si.ShardID-1].replicas.Store(&rs)
 		}
 	}
+	if !n.Ready() {
+		// Still replaying its logs, the node can find every shard at the
+		// members of a moment ago (before a replace that added it): said
+		// as --peers gone wrong, that would send its operator to name the
+		// removed node again. Its own notice applied, its shards are past
+		// whatever changed before it started.
+		return
+	}
 	var agreed map[uint64]string
 	for _, si := range info.ShardInfoList {
 		if si.Pending || len(si.Replicas) == 0 {
