@@ -725,10 +725,13 @@ func TestReplaceRefusesWrongIDs(t *testing.T) {
 		{3, 4, c.peers[2], "is the raft address of node 2"},
 		{3, 4, "garbage", "not a raft address"},
 		{3, 4, "", "not a raft address"},
+		{3, 3, freePort(t), "two different positive node ids"},
 	} {
+		// Refused as asked (the admin answers 409, which a script does
+		// not retry), not for want of a quorum (503).
 		err := n.Replace(ctx, r.old, r.new, r.addr)
-		if err == nil || !strings.Contains(err.Error(), r.want) {
-			t.Fatalf("Replace(%d, %d, %s) = %v, want %q", r.old, r.new, r.addr, err, r.want)
+		if err == nil || !strings.Contains(err.Error(), r.want) || !errors.Is(err, ErrRefused) {
+			t.Fatalf("Replace(%d, %d, %s) = %v, want %q, a refusal", r.old, r.new, r.addr, err, r.want)
 		}
 	}
 	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})

@@ -2105,6 +2105,18 @@ func (n *Node) Ready() bool {
 	return true
 }
 
+// ErrRefused matches (errors.Is) a Replace refused for what it was asked:
+// ids or an address that do not fit the members, a node that is up, or
+// another replace that ran at the same time. Asked again the same way, it
+// is refused again.
+var ErrRefused = errors.New("replica: refused")
+
+type refusal struct{ error }
+
+func (refusal) Is(target error) bool { return target == ErrRefused }
+
+func refuse(format string, a ...any) error { return refusal{fmt.Errorf(format, a...)} }
+
 // Replace takes node old out of every shard and adds node new at raft
 // address addr in its place (old first: with old down, a fourth member would
 // leave two of four live, no quorum). Run it on a live node once a node's
@@ -2113,15 +2125,15 @@ func (n *Node) Ready() bool {
 // forgotten its votes and the entries it acknowledged.
 func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error {
 	if old == 0 || new == 0 || old == new {
-		return errors.New("replica: replace needs two different positive node ids")
+		return refuse("replica: replace needs two different positive node ids")
 	}
 	if old == n.opt.NodeID {
-		return fmt.Errorf("replica: node %d is this node, which is up: run the replace on a live node in place of one whose data dir is lost", old)
+		return refuse("replica: node %d is this node, which is up: run the replace on a live node in place of one whose data dir is lost", old)
 	}
 	if !config.IsValidAddress(addr) {
 		// Dragonboat refuses to add it only after old is out: the
 		// shard would stay a member short while the add is retried.
-		return fmt.Errorf("replica: %q is not a raft address (host:port)", addr)
+		return refuse("replica: %q is not a raft address (host:port)", addr)
 	}
 	leave, err := n.enter()
 	if err != nil {
@@ -2150,7 +2162,7 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 				// Another replace added its node in between (two run
 				// at once): adding this one too would make the shard
 				// one member larger, with a member nobody starts.
-				return fmt.Errorf("replica: shard %d has its %d members already (%v): another replace ran at the same time; check the members (/debug/cluster) before anything else",
+				return refuse("replica: shard %d has its %d members already (%v): another replace ran at the same time; check the members (/debug/cluster) before anything else",
 					g.idx, len(m), slices.Sorted(maps.Keys(m)))
 			}
 			return nil
@@ -2192,7 +2204,7 @@ func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) e
 		if _, gone := mb.Removed[uint64(new)]; gone {
 			// Raft never takes a removed id back: the add would be
 			// refused for ever, with old already out.
-			return fmt.Errorf("replica: node %d was removed from shard %d before, and raft does not take a removed id back: give the new node an id never used", new, g.idx)
+			return refuse("replica: node %d was removed from shard %d before, and raft does not take a removed id back: give the new node an id never used", new, g.idx)
 		}
 		oldAddr, hasOld := m[uint64(old)]
 		_, hasNew := m[uint64(new)]
@@ -2200,15 +2212,15 @@ func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) e
 		case !hasOld && hasNew:
 			continue // changed before
 		case hasNew:
-			return fmt.Errorf("replica: node %d is already a member of shard %d", new, g.idx)
+			return refuse("replica: node %d is already a member of shard %d", new, g.idx)
 		case !hasOld && len(m) >= len(n.opt.Peers):
 			// Not a replace cut short between its two steps (which
 			// leaves the shard a member short): a wrong id.
-			return fmt.Errorf("replica: node %d is not a member of shard %d", old, g.idx)
+			return refuse("replica: node %d is not a member of shard %d", old, g.idx)
 		}
 		for id, a := range m {
 			if a == addr && id != uint64(old) {
-				return fmt.Errorf("replica: %s is the raft address of node %d", addr, id)
+				return refuse("replica: %s is the raft address of node %d", addr, id)
 			}
 		}
 		if hasOld && !slices.Contains(oldAddrs, oldAddr) {
@@ -2231,7 +2243,7 @@ func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) e
 			return nil
 		}
 		if time.Now().After(seenUp) {
-			return fmt.Errorf("replica: node %d is up (its raft address %s takes connections): a replace takes out a node whose data dir is lost, which is down; stop it first, and check the ids", old, up)
+			return refuse("replica: node %d is up (its raft address %s takes connections): a replace takes out a node whose data dir is lost, which is down; stop it first, and check the ids", old, up)
 		}
 		select {
 		case <-ctx.Done():

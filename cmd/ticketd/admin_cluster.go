@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -83,7 +84,11 @@ func (a *admin) clusterPages() {
 		ctx, cancel := operatorContext(r)
 		defer cancel()
 		if err := n.Replace(ctx, uint32(old), uint32(nw), q.Get("addr")); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			status := http.StatusServiceUnavailable // a shard without quorum, a node stopping: try again
+			if errors.Is(err, replica.ErrRefused) {
+				status = http.StatusConflict // as asked it cannot be: a script must not retry it
+			}
+			http.Error(w, err.Error(), status)
 			return
 		}
 		a.log.Warn("node replaced in every shard", zap.Uint64("old", old), zap.Uint64("new", nw), zap.String("addr", q.Get("addr")))
