@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/lni/dragonboat/v4/logger"
 	"go.uber.org/zap"
@@ -56,6 +57,15 @@ func (l *dbLogger) log(lv logger.LogLevel, format string, args []any) {
 	if z == nil {
 		return
 	}
+	if l.pkg == "transport" && lv == logger.ERROR && peerDown(format) {
+		// A peer down or restarting (a rolling restart among them) fails
+		// its connections every second: not an error of this node's, and
+		// said by each shard's leadership and the node's own readiness.
+		if !transportLines.allow(format) {
+			return
+		}
+		lv = logger.WARNING
+	}
 	msg := fmt.Sprintf(format, args...)
 	f := zap.String("pkg", l.pkg)
 	switch lv {
@@ -68,6 +78,39 @@ func (l *dbLogger) log(lv logger.LogLevel, format string, args []any) {
 	default:
 		z.Error(msg, f)
 	}
+}
+
+// peerDown tells a transport line about a connection to a peer that failed
+// from one about this node's transport or bytes on the wire.
+func peerDown(format string) bool {
+	return strings.Contains(format, "failed to get a connection") || strings.HasPrefix(format, "send batch failed")
+}
+
+// transportLines lets each kind of transport line through once every
+// transportEvery.
+var transportLines = lineLimit{every: transportEvery, last: map[string]time.Time{}}
+
+const transportEvery = 10 * time.Second
+
+// lineLimit lets one line per format through once every every.
+type lineLimit struct {
+	mu    sync.Mutex
+	every time.Duration
+	last  map[string]time.Time
+}
+
+func (ll *lineLimit) allow(format string) bool {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	now := time.Now()
+	if t, ok := ll.last[format]; ok && now.Sub(t) < ll.every {
+		return false
+	}
+	if len(ll.last) > 256 {
+		clear(ll.last) // formats are few; bounded all the same
+	}
+	ll.last[format] = now
+	return true
 }
 
 func (l *dbLogger) Debugf(format string, args ...any)   { l.log(logger.DEBUG, format, args) }

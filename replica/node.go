@@ -184,6 +184,9 @@ type Node struct {
 	// replacement joins the preferences of nodes that keep running.
 	members        atomic.Pointer[memberSet]
 	membersChanged chan struct{}
+	// noticeGaveUpLog: monoNow of the last line about a notice that could
+	// not commit (logGiveUp).
+	noticeGaveUpLog atomic.Int64
 	// peersSaid: the log has said once that --peers is not the members the
 	// shards agree on.
 	peersSaid atomic.Bool
@@ -351,13 +354,18 @@ func Start(opt Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Left in a unit file, either flag is harmless until the day the disk
+	// is lost: then it brings the node back under its old id, its votes
+	// and the entries it acknowledged forgotten, and with one more node
+	// down a committed grant can be lost and the key granted again (a
+	// review did so). The words say that, not only that it is ignored.
+	const oldID = "; given to a start on an empty data dir (a disk lost), it would bring this node back under its id with the votes and entries it acknowledged forgotten, " +
+		"and the cluster could lose a committed grant and grant its key again: remove the flag from this node's command line now, and bring a node whose disk is lost back as a replacement under a new id (README: replacing a node)"
 	if opt.Bootstrap && !dir.fresh {
-		opt.Logger.Warn("--bootstrap ignored: the data dir has this node's raft state; leave the flag out of later starts, so that one on an empty data dir is refused",
-			zap.String("data_dir", opt.DataDir))
+		opt.Logger.Warn("--bootstrap ignored: the data dir has this node's raft state"+oldID, zap.String("data_dir", opt.DataDir))
 	}
 	if opt.Join && !dir.fresh {
-		opt.Logger.Warn("--join ignored: the data dir has this node's raft state, and the node goes on as the member it is; leave the flag out of later starts",
-			zap.String("data_dir", opt.DataDir))
+		opt.Logger.Warn("--join ignored: the data dir has this node's raft state, and the node goes on as the member it is"+oldID, zap.String("data_dir", opt.DataDir))
 	}
 	n := &Node{
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
@@ -930,11 +938,17 @@ func sinceMono(t int64) time.Duration {
 
 // logGiveUp says why a batch's connections get E unavailable, once a
 // second per shard at most: a partition fails every batch. A notice (of
-// settings, of a hand-over) answers nobody, and says so.
+// settings, of a hand-over) answers nobody, and says so once every
+// giveUpNoticeEvery for the whole node: retried every second on each
+// shard, a node without quorum logged 16 lines a second of them.
 func (g *group) logGiveUp(waited, leaderless time.Duration, requests bool) {
 	now := monoNow()
-	last := g.gaveUpLog.Load()
-	if last != 0 && now-last < int64(time.Second) || !g.gaveUpLog.CompareAndSwap(last, now) {
+	at, every := &g.gaveUpLog, int64(time.Second)
+	if !requests {
+		at, every = &g.n.noticeGaveUpLog, int64(giveUpNoticeEvery)
+	}
+	last := at.Load()
+	if last != 0 && now-last < every || !at.CompareAndSwap(last, now) {
 		return
 	}
 	msg := "answering E unavailable: a proposal could not commit"
@@ -945,6 +959,10 @@ func (g *group) logGiveUp(waited, leaderless time.Duration, requests bool) {
 		zap.Int("shard", g.idx), zap.Duration("waited", waited),
 		zap.Duration("no_leader_for", leaderless), zap.Uint64("leader", g.leader.Load()))
 }
+
+// giveUpNoticeEvery spaces a node's lines about notices that could not
+// commit.
+const giveUpNoticeEvery = 10 * time.Second
 
 // unledFor is how long every shard must have been without a leader, with
 // peers in reach, before the node says what may be the cause: a node that

@@ -1,0 +1,43 @@
+package replica
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lni/dragonboat/v4/logger"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// A peer's connection failing (a rolling restart) is a warning, said once
+// every transportEvery per kind; the transport's other errors stay errors.
+func TestTransportLinesOfAPeerDownAreWarnings(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	prev := logTo.Swap(zap.New(core))
+	defer logTo.Store(prev)
+	defer func() { transportLines = lineLimit{every: transportEvery, last: map[string]time.Time{}} }()
+	l := &dbLogger{pkg: "transport"}
+	l.SetLevel(logger.ERROR)
+	for range 3 {
+		l.Errorf("send batch failed, target %s (%v), %d", "127.0.0.1:1", "connection reset by peer", 1)
+		l.Errorf("Nodehost %s failed to get a connection to %s, %v", "n", "127.0.0.1:1", "refused")
+	}
+	l.Errorf("invalid payload checksum")
+	var got []string
+	for _, e := range logs.All() {
+		got = append(got, e.Level.String()+" "+e.Message)
+	}
+	want := []string{
+		"warn send batch failed, target 127.0.0.1:1 (connection reset by peer), 1",
+		"warn Nodehost n failed to get a connection to 127.0.0.1:1, refused",
+		"error invalid payload checksum",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("logged %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("logged %q, want %q", got, want)
+		}
+	}
+}
