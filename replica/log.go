@@ -99,6 +99,12 @@ type lineLimit struct {
 	last  map[string]time.Time
 }
 
+func (ll *lineLimit) reset() {
+	ll.mu.Lock()
+	clear(ll.last)
+	ll.mu.Unlock()
+}
+
 func (ll *lineLimit) allow(format string) bool {
 	ll.mu.Lock()
 	defer ll.mu.Unlock()

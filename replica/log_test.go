@@ -2,7 +2,6 @@ package replica
 
 import (
 	"testing"
-	"time"
 
 	"github.com/lni/dragonboat/v4/logger"
 	"go.uber.org/zap"
@@ -15,7 +14,8 @@ func TestTransportLinesOfAPeerDownAreWarnings(t *testing.T) {
 	core, logs := observer.New(zap.DebugLevel)
 	prev := logTo.Swap(zap.New(core))
 	defer logTo.Store(prev)
-	defer func() { transportLines = lineLimit{every: transportEvery, last: map[string]time.Time{}} }()
+	transportLines.reset() // other tests' clusters said some already
+	defer transportLines.reset()
 	l := &dbLogger{pkg: "transport"}
 	l.SetLevel(logger.ERROR)
 	for range 3 {
