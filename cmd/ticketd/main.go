@@ -340,6 +340,15 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 		log.Warn("new data dir: it was empty; no locks or tokens of an earlier run (if this server ran before, its data dir is elsewhere: a disk that did not mount?)",
 			zap.String("data_dir", cfg.dataDir))
 	}
+	if left := runner.GraceLeft(); left > 0 {
+		// Ready all along (it answers, T), the server grants no free key
+		// until then: said when it ends, so that an operator reading why
+		// acquires were refused finds when they stopped being.
+		from := time.Now()
+		time.AfterFunc(left, func() {
+			log.Info("crash grace over: keys nobody holds are granted again", zap.Duration("lasted_since_start", time.Since(from).Round(time.Millisecond)))
+		})
+	}
 	return runner, nil
 }
 
