@@ -66,7 +66,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7411", "TCP address to serve the protocol on (port 0 picks a free port)")
 	fs.StringVar(&c.dataDir, "data-dir", "./ticketd-data", "directory for the durable state (token and lease ceilings, shutdown snapshot)")
 	fs.IntVar(&c.shards, "shards", 16, "number of lock-table shards (keys map to shards by a stable hash)")
-	fs.DurationVar(&c.sweepInterval, "sweep-interval", 5*time.Second, "how often expired keys without waiters are deleted")
+	fs.DurationVar(&c.sweepInterval, "sweep-interval", 5*time.Second, "single mode: how often expired keys without waiters are deleted")
 	fs.DurationVar(&c.maxLease, "max-lease", time.Hour, "largest lease_ms accepted (1ms to 720h, whole milliseconds)")
 	fs.DurationVar(&c.maxWait, "max-wait", time.Hour, "largest wait_ms accepted (at least 1ms, whole milliseconds; wait_ms 0 is always allowed)")
 	fs.IntVar(&c.maxWaitersPerKey, "max-waiters-per-key", 100_000, "queued acquires per key before B")
@@ -194,6 +194,11 @@ func (c *config) validate() error {
 	}
 	if c.cluster.enabled() && c.recoverDamaged {
 		return bad("recover-damaged-data-dir", "is for single mode; a cluster node whose data dir is lost rejoins as README says")
+	}
+	if c.cluster.enabled() && c.cluster.given["sweep-interval"] {
+		// Ignored, it would mislead: a cluster ends leases by committed
+		// expiries, and has no sweep.
+		return bad("sweep-interval", "is for single mode; in a cluster a key whose lease ended goes by a committed expiry, with no sweep")
 	}
 	return nil
 }

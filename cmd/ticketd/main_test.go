@@ -92,6 +92,9 @@ func TestDurationFlags(t *testing.T) {
 	if _, err := parseConfig(append(peers, "--raft-rtt", "1500us"), io.Discard); err == nil || !strings.Contains(err.Error(), "raft-rtt") {
 		t.Errorf("--raft-rtt 1500us: %v; want an error naming it (Dragonboat counts whole ms)", err)
 	}
+	if _, err := parseConfig(append(peers, "--sweep-interval", "1s"), io.Discard); err == nil || !strings.Contains(err.Error(), "sweep-interval") {
+		t.Errorf("--sweep-interval in cluster mode: %v; want an error naming it (a cluster has no sweep)", err)
+	}
 	for _, args := range [][]string{
 		{"--peers", ""}, // single mode, asked for by name
 		{"--max-lease", "720h"},
