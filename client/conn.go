@@ -274,20 +274,28 @@ func (s *slot) run(nc net.Conn) {
 			s.failHeld(true)
 			return
 		}
-		d := s.cl.cfg.backoffMin << min(attempt, 20)
-		if d > s.cl.cfg.backoffMax || d <= 0 {
-			d = s.cl.cfg.backoffMax
+		// The first redial after a connection that served goes at once
+		// (the address that broke is tried last): while the slot is down
+		// its calls go to the others, and with every slot on one node (a
+		// rolling restart moves them onto the last node up) a release
+		// made in a pause before it failed at once, its lock held to the
+		// lease's end. Later ones back off.
+		if attempt > 0 {
+			d := s.cl.cfg.backoffMin << min(attempt-1, 20)
+			if d > s.cl.cfg.backoffMax || d <= 0 {
+				d = s.cl.cfg.backoffMax
+			}
+			d = d/2 + rand.N(d/2+1) // jitter, so that many clients do not return at once
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-s.cl.ctx.Done():
+				t.Stop()
+				s.failHeld(true)
+				return
+			}
 		}
-		d = d/2 + rand.N(d/2+1) // jitter, so that many clients do not return at once
 		attempt++
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-s.cl.ctx.Done():
-			t.Stop()
-			s.failHeld(true)
-			return
-		}
 		nc, _ = s.dial(s.cl.ctx)
 	}
 }
