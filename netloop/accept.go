@@ -41,7 +41,8 @@ func (s *Server) acceptLoop() {
 		}
 	}()
 	var backoff time.Duration
-	var lastWarn time.Time
+	var lastWarn, lastRefusedWarn time.Time
+	var refusedSince int64
 	type job struct {
 		c  *Conn
 		nc net.Conn
@@ -105,6 +106,14 @@ func (s *Server) acceptLoop() {
 		if s.conns.Load() >= int64(s.cfg.MaxConns) {
 			s.refused.Add(1)
 			_ = nc.Close()
+			// Said, once every 10 s at most with the count since: clients
+			// cut off at the door are otherwise only a counter.
+			refusedSince++
+			if time.Since(lastRefusedWarn) >= 10*time.Second {
+				s.log.Warn("connections refused: --max-conns open already", zap.Int("max_conns", s.cfg.MaxConns),
+					zap.Int64("refused_since_last_said", refusedSince))
+				lastRefusedWarn, refusedSince = time.Now(), 0
+			}
 			continue
 		}
 		s.conns.Add(1)

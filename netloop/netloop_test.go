@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ticketd/ticketd/codec"
 )
@@ -164,7 +166,8 @@ func TestOneByteAtATime(t *testing.T) {
 
 func TestMaxConnsRefusesAndKeepsServing(t *testing.T) {
 	b := &fakeBackend{}
-	s, addr := startServer(t, Config{Backend: b, MaxConns: 3})
+	core, logs := observer.New(zap.WarnLevel)
+	s, addr := startServer(t, Config{Backend: b, MaxConns: 3, Logger: zap.New(core)})
 	var kept []*bufio.Reader
 	var conns []net.Conn
 	for i := 0; i < 3; i++ {
@@ -190,6 +193,10 @@ func TestMaxConnsRefusesAndKeepsServing(t *testing.T) {
 	}
 	if st := s.Stats(); st.Refused < 5 {
 		t.Fatalf("refused %d, want 5", st.Refused)
+	}
+	// Said, once for the burst: a refusal is otherwise only a counter.
+	if got := logs.FilterMessageSnippet("connections refused").Len(); got != 1 {
+		t.Fatalf("the refusals were said %d times, want once: %v", got, logs.All())
 	}
 }
 
