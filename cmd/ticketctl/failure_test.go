@@ -358,6 +358,35 @@ func TestAcquireUnprintedTokenReleased(t *testing.T) {
 	}
 }
 
+// Started with its standard output closed (`>&-`, as from a service with
+// no stdout), acquire takes no lock: the runtime puts /dev/null in its
+// place, where the token would be printed without an error and lost, the
+// key blocked for the lease. Sent to /dev/null on purpose, it is printed
+// there, as asked.
+func TestAcquireWithStdoutClosedTakesNoLock(t *testing.T) {
+	if ctlBuildErr != nil {
+		t.Fatal(ctlBuildErr)
+	}
+	addr := startServer(t)
+	var errb lockedBuffer
+	cmd := exec.Command("sh", "-c", `exec "$0" --addr "$1" acquire k --lease 1m >&-`, ticketctlBin, addr)
+	cmd.Stderr = &errb
+	cmd.SysProcAttr = noTerminal()
+	_ = cmd.Run()
+	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.ExitStatus() != exitError || !strings.Contains(errb.String(), "standard output is closed") {
+		t.Fatalf("acquire with stdout closed: want exit 1 saying so; got %v, stderr %q", cmd.ProcessState, errb.String())
+	}
+	if r := runCtl(t, nil, "--addr", addr, "acquire", "k", "--lease", "100ms"); r.code != 0 {
+		t.Fatalf("after acquire with stdout closed, the key is held: %v", r)
+	}
+	time.Sleep(150 * time.Millisecond) // that lease ends
+	cmd = exec.Command("sh", "-c", `exec "$0" --addr "$1" acquire k --lease 1m >/dev/null`, ticketctlBin, addr)
+	cmd.SysProcAttr = noTerminal()
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("acquire with stdout /dev/null: %v", err)
+	}
+}
+
 // An N at release does not only mean that the lease ended: a single-mode
 // ticketd that restarted after a crash forgot the holder.
 func TestNotHeldMentionsCrashRestart(t *testing.T) {

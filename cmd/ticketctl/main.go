@@ -435,6 +435,12 @@ refuse writes from a holder whose lease has ended (a lower token).
 	if code, ok := c.checkKeyOwner(key, *owner, stderr); !ok {
 		return code
 	}
+	if stdout == io.Writer(os.Stdout) && stdoutClosedAtStart() {
+		// The write would succeed, to /dev/null, and the lock stay held
+		// to its lease's end with its token lost.
+		fmt.Fprintf(stderr, "ticketctl: standard output is closed: the token of %s would be lost, the lock held until its lease ended; nothing was acquired\n", key)
+		return exitError
+	}
 	// A stdout whose reader is gone must not kill ticketctl with the lock
 	// taken and its token unprinted: with SIGPIPE ignored the write fails,
 	// and the lock is given back.

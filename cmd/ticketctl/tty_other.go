@@ -8,3 +8,5 @@ type ctty struct{}
 func openTTY() *ctty           { return nil }
 func (*ctty) close()           {}
 func (*ctty) foreground() bool { return false }
+
+func stdoutClosedAtStart() bool { return false }

@@ -41,3 +41,19 @@ func (t *ctty) foreground() bool {
 	own, err := unix.Getpgid(0)
 	return err == nil && pgrp == own
 }
+
+// stdoutClosedAtStart tells whether ticketctl was started with its standard
+// output closed (`>&-`): the Go runtime then opens /dev/null in its place,
+// read-write, where a shell's `>/dev/null` opens it write-only. A token
+// printed there is lost without an error.
+func stdoutClosedAtStart() bool {
+	fl, err := unix.FcntlInt(1, unix.F_GETFL, 0)
+	if err != nil || fl&unix.O_ACCMODE != unix.O_RDWR {
+		return false
+	}
+	var out, null unix.Stat_t
+	if unix.Fstat(1, &out) != nil || unix.Stat("/dev/null", &null) != nil {
+		return false
+	}
+	return out.Mode&unix.S_IFMT == unix.S_IFCHR && out.Rdev == null.Rdev
+}
