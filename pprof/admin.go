@@ -146,17 +146,22 @@ func NewWith(o Options) *Admin {
 	return a
 }
 
-// boundSeconds answers 400 to a ?seconds= that is not a number or is above
-// MaxProfile; below it, the handler sleeps that long holding a connection
-// (and, for a CPU profile, the process's only profiler).
+// boundSeconds answers 400 to a ?seconds= that is not a number, is above
+// MaxProfile, or is one the handler would put its own default in place of
+// (0 or less; a fraction but for a trace: the others parse whole seconds),
+// which ran a 30 s profile for a 0.5 asked; below the limit, the handler
+// sleeps that long holding a connection (and, for a CPU profile, the
+// process's only profiler).
 func (a *Admin) boundSeconds(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		v := r.FormValue("seconds") // what the pprof handlers read
 		if v != "" {
-			sec, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if limit := a.opts.MaxProfile.Seconds(); err != nil || math.IsNaN(sec) || sec > limit {
+			sec, err := strconv.ParseFloat(v, 64)
+			limit := a.opts.MaxProfile.Seconds()
+			whole := strings.HasSuffix(r.URL.Path, "/trace") || sec == math.Trunc(sec)
+			if err != nil || math.IsNaN(sec) || sec <= 0 || sec > limit || !whole {
 				plain(w, http.StatusBadRequest, fmt.Sprintf(
-					"seconds=%.40q is not allowed: profiles and traces run for at most %gs on this server\n", v, limit))
+					"seconds=%.40q is not allowed: profiles and traces run for at most %gs on this server, at least 1s (a trace, any time above 0)\n", v, limit))
 				return
 			}
 		}

@@ -198,6 +198,12 @@ func TestProfileSecondsAreBounded(t *testing.T) {
 		"/debug/pprof/profile?seconds=NaN",
 		"/debug/pprof/profile?seconds=1e9",
 		"/debug/pprof/profile?seconds=x",
+		// What the handlers would run their own default for (30 s).
+		"/debug/pprof/profile?seconds=0.5",
+		"/debug/pprof/profile?seconds=-5",
+		"/debug/pprof/profile?seconds=0",
+		"/debug/pprof/profile?seconds=%201",
+		"/debug/pprof/trace?seconds=-1",
 	} {
 		resp, err := client.Get("http://" + srv + path)
 		if err != nil {
