@@ -2411,6 +2411,11 @@ type ShardStatus struct {
 	// Members are the shard's voting members as this node has applied
 	// them (Members fills them; empty until the shard has loaded).
 	Members []uint32 `json:"members,omitempty"`
+	// Limits are the cluster's --max-keys, --max-waiters and
+	// --max-waiters-per-key as this replica applied them (POST
+	// /cluster/limits changes them; a node must start with them); nil
+	// until the shard's first settings notice.
+	Limits *limits `json:"limits,omitempty"`
 }
 
 // Members fills st's members from what membersLoop read after each change
@@ -2433,6 +2438,9 @@ func (n *Node) Status(digest bool) []ShardStatus {
 		f := g.fsm.Load()
 		if f == nil {
 			continue
+		}
+		if set, _, _, ok := f.settingsAt(); ok {
+			out[i].Limits = &set.limits
 		}
 		if !digest {
 			f.mu.Lock()

@@ -124,6 +124,21 @@ func TestClusterLimitsChangeWhileItRuns(t *testing.T) {
 	a.send("A o k5 60000 0")
 	a.expect("B o k5")
 	c.checkReplicasAgree()
+	// Every node shows the limits in force (/debug/cluster), as applied.
+	for i, n := range c.nodes {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			done := true
+			for _, st := range n.Status(false) {
+				done = done && st.Limits != nil && st.Limits.MaxKeys == 4
+			}
+			if done {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d shows the limits %+v, want --max-keys 4 on every shard", i+1, n.Status(false))
+			}
+		}
+	}
 
 	c.stop(2)
 	c.start(2) // with --max-keys 2
