@@ -52,8 +52,10 @@ func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 	a := &admin{a: pprof.NewWith(pprof.Options{ErrorLog: httpErrorLog(log)}), ln: ln, log: log}
 	a.lat = a.a.Histogram("ticketd_batch_latency_seconds",
 		"Time from reading a batch of frames to writing its answers.", nil)
-	a.sweep = a.a.Histogram("ticketd_sweep_duration_seconds",
-		"Time one sweep of every shard took.", nil)
+	if !cfg.cluster.enabled() { // a cluster has no sweep: its figures would stay 0
+		a.sweep = a.a.Histogram("ticketd_sweep_duration_seconds",
+			"Time one sweep of every shard took.", nil)
+	}
 	dir := cfg.dataDir
 	a.a.GaugeFunc("ticketd_data_dir_free_bytes",
 		"Free space on the data dir's filesystem, for an unprivileged writer. A full disk ends a cluster node at its next raft log write, and stops single mode's grants.",
@@ -178,7 +180,9 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 	c("ticketd_grants_total", "Keys granted.", tab(func(s shard.Stats) uint64 { return s.Grants }))
 	c("ticketd_handovers_total", "Grants to a queued acquire, on release or lease end.", tab(func(s shard.Stats) uint64 { return s.HandOvers }))
 	c("ticketd_expiries_total", "Leases that ended without a release.", tab(func(s shard.Stats) uint64 { return s.Expiries }))
-	c("ticketd_swept_total", "Expired keys deleted by the sweep.", tab(func(s shard.Stats) uint64 { return s.Swept }))
+	if a.sweep != nil {
+		c("ticketd_swept_total", "Expired keys deleted by the sweep.", tab(func(s shard.Stats) uint64 { return s.Swept }))
+	}
 	if sr, ok := r.(interface{ SyncReserves() int64 }); ok {
 		c("ticketd_ceiling_sync_writes_total",
 			"Durable token or lease ceilings written on the request path, because the background raise had fallen behind; answers waited for each write's fsync.",
