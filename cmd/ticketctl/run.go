@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -65,6 +66,13 @@ run.
 	}
 	if *grace < 0 {
 		return usageError(stderr, c.name, fmt.Sprintf("--kill-grace %v: must not be negative", *grace))
+	}
+	graceGiven := false
+	c.fs.Visit(func(f *flag.Flag) { graceGiven = graceGiven || f.Name == "kill-grace" })
+	if graceGiven && !*kill {
+		// Accepted, it would do nothing: the command would not be stopped
+		// at the lease's end, whatever its grace.
+		return usageError(stderr, c.name, "--kill-grace: only with --kill-on-expiry (without it the command is not stopped when the lease ends)")
 	}
 	key := pos[0]
 	if code, ok := c.checkLeaseWait(*lease, *wait, stderr); !ok {
