@@ -2169,10 +2169,11 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 		// against the members read through the log just before, and
 		// ordered after them (their config change id): a change another
 		// replace made in between fails it, and the next read shows that.
-		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(old)]; return !ok }, nil,
+		removed, err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(old)]; return !ok }, nil,
 			func(ctx context.Context, cc uint64) error {
 				return n.nh.SyncRequestDeleteReplica(ctx, g.id, uint64(old), cc)
-			}); err != nil {
+			})
+		if err != nil {
 			return fmt.Errorf("shard %d: removing node %d: %w", g.idx, old, err)
 		}
 		full := func(m map[uint64]string) error {
@@ -2185,13 +2186,16 @@ func (n *Node) Replace(ctx context.Context, old, new uint32, addr string) error 
 			}
 			return nil
 		}
-		if err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(new)]; return ok }, full,
+		added, err := n.changeMembers(ctx, g, func(m map[uint64]string) bool { _, ok := m[uint64(new)]; return ok }, full,
 			func(ctx context.Context, cc uint64) error {
 				return n.nh.SyncRequestAddReplica(ctx, g.id, uint64(new), addr, cc)
-			}); err != nil {
+			})
+		if err != nil {
 			return fmt.Errorf("shard %d: adding node %d: %w", g.idx, new, err)
 		}
-		n.log.Info("shard members changed", zap.Int("shard", g.idx), zap.Uint32("removed", old), zap.Uint32("added", new), zap.String("addr", addr))
+		if removed || added { // a replace run again skips the shards done, and says nothing of them
+			n.log.Info("shard members changed", zap.Int("shard", g.idx), zap.Uint32("removed", old), zap.Uint32("added", new), zap.String("addr", addr))
+		}
 	}
 	return nil
 }
@@ -2360,27 +2364,28 @@ func (n *Node) untilStop(ctx context.Context) (context.Context, context.CancelFu
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// changeMembers runs change until done reports it applied, or ctx ends.
-// Before each attempt it reads the members through the log; check, if not
-// nil, may refuse the change on them, and change gets their config change
-// id, so that it fails if the members changed after the read.
+// changeMembers runs change until done reports it applied, or ctx ends,
+// and tells whether it had to (false: done before). Before each attempt it
+// reads the members through the log; check, if not nil, may refuse the
+// change on them, and change gets their config change id, so that it fails
+// if the members changed after the read.
 func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64]string) bool,
-	check func(map[uint64]string) error, change func(ctx context.Context, cc uint64) error) error {
+	check func(map[uint64]string) error, change func(ctx context.Context, cc uint64) error) (changed bool, err error) {
 	var last error
-	for {
+	for tried := false; ; tried = true {
 		m, err := n.shardMembers(ctx, g)
 		if err != nil {
 			if last != nil && !errors.Is(err, errStopping) {
-				return fmt.Errorf("%w (the last attempt: %v)", err, last)
+				return tried, fmt.Errorf("%w (the last attempt: %v)", err, last)
 			}
-			return err
+			return tried, err
 		}
 		if done(m.Nodes) {
-			return nil
+			return tried, nil
 		}
 		if check != nil {
 			if err := check(m.Nodes); err != nil {
-				return err
+				return tried, err
 			}
 		}
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -2390,7 +2395,7 @@ func (n *Node) changeMembers(ctx context.Context, g *group, done func(map[uint64
 			// No retry changes these. (ErrRejected may: an attempt that
 			// timed out but committed, or a change made in between,
 			// makes the next read differ.)
-			return last
+			return tried, last
 		}
 		if last != nil {
 			select {
