@@ -128,6 +128,17 @@ func (l *dbLogger) Panicf(format string, args ...any) {
 	if z := logTo.Load(); z != nil {
 		z.Error(msg, zap.String("pkg", l.pkg))
 	}
+	if strings.HasPrefix(format, "inconsistent target for") {
+		// Two raft addresses for one node id: the nodes were started with
+		// different --peers. Dragonboat's words and stack name neither the
+		// cause nor a way out (a review's typo at bootstrap ended nodes
+		// this way, again at every start).
+		if z := logTo.Load(); z != nil {
+			z.Error("stopping: raft knows one node by two addresses: the nodes were given different --peers (a typo?); check --peers on every node against a live node's /debug/cluster. "+
+				"A node that bootstrapped with a wrong list keeps it in its raft state: empty its data dir and bring it back as a replacement under a new id (README: replacing a node); "+
+				"while it runs, nodes that learned its wrong address from it stop too", zap.String("raft", msg))
+		}
+	}
 	if strings.HasPrefix(format, "invalid commitTo index") {
 		// The leader knows this replica had entries its log no longer
 		// holds: the node must not run on this data dir again, and each

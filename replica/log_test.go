@@ -41,3 +41,23 @@ func TestTransportLinesOfAPeerDownAreWarnings(t *testing.T) {
 		}
 	}
 }
+
+// Dragonboat's panic at two addresses for one node (--peers that differ
+// between nodes) is said first in words that name the cause and the way out.
+func TestTwoAddressesForANodeAreExplained(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	prev := logTo.Swap(zap.New(core))
+	defer logTo.Store(prev)
+	l := &dbLogger{pkg: "registry"}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("no panic")
+			}
+		}()
+		l.Panicf("inconsistent target for %s, %s:%s", "[00004:00002]", "127.0.0.1:19439", "127.0.0.1:19432")
+	}()
+	if got := logs.FilterMessageSnippet("the nodes were given different --peers"); got.Len() != 1 {
+		t.Fatalf("logged %v, want the cause said once", logs.All())
+	}
+}
