@@ -181,48 +181,48 @@ func TestDeadlineOfAWaitingGrantWhoseAnswerIsHeldUp(t *testing.T) {
 // does not stay held to the lease's end. (It returned once the releases
 // queued were answered, and the grant, written by the server, stayed.)
 func TestCloseReleasesAGrantItsCallerGaveUpOn(t *testing.T) {
-	srv := startServer(t, "", "")
-	farAddr := delayProxy(t, srv.addr, 20*time.Millisecond)
-	x := dial(t, srv.addr, client.WithConns(1))
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	held, err := x.Acquire(ctx, "given-up", time.Minute, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.Dial(ctx, farAddr, client.WithConns(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gave, giveUp := context.WithTimeout(ctx, 100*time.Millisecond)
-	defer giveUp()
-	if _, err := c.Acquire(gave, "given-up", 30*time.Second, 10*time.Second); err == nil {
-		t.Fatal("granted a held key")
-	}
-	// The key is handed over to c's queued acquire now; its answer takes
-	// 20 ms to reach c, which closes meanwhile.
-	if err := x.Release(ctx, held); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(5 * time.Millisecond)
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := x.Acquire(ctx, "given-up", time.Second, 2*time.Second); err != nil {
-		t.Fatalf("the key given up on, granted as Close ran, is not released: %v", err)
-	}
+	closeAsAHandOverComes(t, "given-up", func(ctx context.Context, c *client.Client) func() {
+		gave, giveUp := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer giveUp()
+		if _, err := c.Acquire(gave, "given-up", 30*time.Second, 10*time.Second); err == nil {
+			t.Fatal("granted a held key")
+		}
+		return nil
+	})
 }
 
 // An acquire still waiting when Close runs fails with ErrClosed, and a
 // grant already on its way to it is released by Close: its caller can no
 // longer use the lock, nor release it.
 func TestCloseReleasesAGrantItsCallerStillWaitsFor(t *testing.T) {
+	closeAsAHandOverComes(t, "still-waited-for", func(ctx context.Context, c *client.Client) func() {
+		waited := make(chan error, 1)
+		go func() {
+			_, err := c.Acquire(ctx, "still-waited-for", 30*time.Second, 10*time.Second)
+			waited <- err
+		}()
+		time.Sleep(200 * time.Millisecond) // queued on the server by now
+		return func() {
+			if err := <-waited; !errors.Is(err, client.ErrClosed) {
+				t.Fatalf("the acquire waiting as Close ran: %v, want ErrClosed", err)
+			}
+		}
+	})
+}
+
+// closeAsAHandOverComes has x hold key, a client c behind a 20 ms proxy
+// queue an acquire of it (queue, which returns a check to run once c has
+// closed, or nil), then x release it: the key is handed over to c's
+// acquire, and its answer is on its way to c as c closes. Close must
+// release that grant, so x gets the key again within its wait.
+func closeAsAHandOverComes(t *testing.T, key string, queue func(ctx context.Context, c *client.Client) func()) {
+	t.Helper()
 	srv := startServer(t, "", "")
 	farAddr := delayProxy(t, srv.addr, 20*time.Millisecond)
 	x := dial(t, srv.addr, client.WithConns(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	held, err := x.Acquire(ctx, "still-waited-for", time.Minute, 0)
+	held, err := x.Acquire(ctx, key, time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,14 +230,7 @@ func TestCloseReleasesAGrantItsCallerStillWaitsFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waited := make(chan error, 1)
-	go func() {
-		_, err := c.Acquire(ctx, "still-waited-for", 30*time.Second, 10*time.Second)
-		waited <- err
-	}()
-	time.Sleep(200 * time.Millisecond) // queued on the server by now
-	// The key is handed over to c's queued acquire now; its answer takes
-	// 20 ms to reach c, which closes meanwhile.
+	after := queue(ctx, c)
 	if err := x.Release(ctx, held); err != nil {
 		t.Fatal(err)
 	}
@@ -245,11 +238,11 @@ func TestCloseReleasesAGrantItsCallerStillWaitsFor(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-waited; !errors.Is(err, client.ErrClosed) {
-		t.Fatalf("the acquire waiting as Close ran: %v, want ErrClosed", err)
+	if after != nil {
+		after()
 	}
-	if _, err := x.Acquire(ctx, "still-waited-for", time.Second, 2*time.Second); err != nil {
-		t.Fatalf("the key granted as Close ran, to an acquire whose caller still waited, is not released: %v", err)
+	if _, err := x.Acquire(ctx, key, time.Second, 2*time.Second); err != nil {
+		t.Fatalf("%s, granted as Close ran to the closing client's acquire, is not released: %v", key, err)
 	}
 }
 
