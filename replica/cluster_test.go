@@ -620,34 +620,13 @@ func TestClusterJoinOutlivesAStartThatStopped(t *testing.T) {
 // lease before the clients waiting elsewhere got it.
 func TestClusterLostNodesAcquiresAreWithdrawn(t *testing.T) {
 	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = time.Second })
-	h := c.dial(0)
-	h.send("A h k 60000 0")
-	h.expect("A 1 h k")
-	w := c.dial(2)
-	w.send("A w k 60000 60000")
-	waiters := func() int { return c.nodes[0].Stats().Waiters }
-	for deadline := time.Now().Add(10 * time.Second); waiters() != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("w's acquire was not queued")
-		}
-	}
-	// Node 3 goes down as in a crash: nothing withdraws its acquires on
-	// its way out.
-	_ = c.nodes[2].Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = c.srvs[2].Stop(ctx)
-	c.nodes[2], c.srvs[2] = nil, nil
+	h, waiters := c.crashWithAWaiter(60000)
 	for deadline := time.Now().Add(15 * time.Second); waiters() != 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the acquire queued through the lost node is still queued")
 		}
 	}
-	x := c.dial(1)
-	x.send("A x k 60000 30000")
-	h.send("R 1 k")
-	h.expect("R 1 k")
-	x.expect("A 2 x k")
+	c.nextWaiterGetsK(h)
 	var reaped int64
 	for _, n := range c.nodes[:2] {
 		reaped += n.Counters().LostNodeWithdrawals
@@ -665,24 +644,11 @@ func TestClusterLostNodesAcquiresAreWithdrawn(t *testing.T) {
 func TestClusterReplacedNodesAcquiresAreWithdrawnAtOnce(t *testing.T) {
 	const unavailable = 10 * time.Second // a pass every 5 s; led for 20 s before the rule for nodes out of reach
 	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
-	h := c.dial(0)
-	h.send("A h k 60000 0")
-	h.expect("A 1 h k")
-	w := c.dial(2)
-	w.send("A w k 600000 600000")
-	waiters := func() int { return c.nodes[0].Stats().Waiters }
-	for deadline := time.Now().Add(10 * time.Second); waiters() != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("w's acquire was not queued")
-		}
-	}
 	// Node 3 goes down as in a crash, and is replaced by node 4 (not
 	// started: nobody needs it to take the lost node's acquires out).
-	_ = c.nodes[2].Close()
+	h, waiters := c.crashWithAWaiter(600000)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_ = c.srvs[2].Stop(ctx)
-	c.nodes[2], c.srvs[2] = nil, nil
 	c.replaceThird(ctx)
 	replaced := time.Now()
 	// Within a pass and its commit, well before the leader (elected as the
@@ -693,6 +659,38 @@ func TestClusterReplacedNodesAcquiresAreWithdrawnAtOnce(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	c.nextWaiterGetsK(h)
+}
+
+// crashWithAWaiter has node 1's client h hold k (token 1) and w queue an
+// acquire of k through node 3 (lease and wait leaseMs), then takes node 3
+// down as in a crash: nothing withdraws its acquires on its way out.
+// waiters counts the acquires queued, as node 1 applied them.
+func (c *testCluster) crashWithAWaiter(leaseMs int) (h *line, waiters func() int) {
+	c.t.Helper()
+	h = c.dial(0)
+	h.send("A h k 60000 0")
+	h.expect("A 1 h k")
+	w := c.dial(2)
+	w.send(fmt.Sprintf("A w k %d %d", leaseMs, leaseMs))
+	waiters = func() int { return c.nodes[0].Stats().Waiters }
+	for deadline := time.Now().Add(10 * time.Second); waiters() != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.t.Fatal("w's acquire was not queued")
+		}
+	}
+	_ = c.nodes[2].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.srvs[2].Stop(ctx)
+	c.nodes[2], c.srvs[2] = nil, nil
+	return h, waiters
+}
+
+// nextWaiterGetsK has x queue for k through node 2 and h release it: x
+// gets it next (token 2), the lost node's waiter being gone.
+func (c *testCluster) nextWaiterGetsK(h *line) {
+	c.t.Helper()
 	x := c.dial(1)
 	x.send("A x k 60000 30000")
 	h.send("R 1 k")
