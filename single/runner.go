@@ -152,8 +152,8 @@ type Runner struct {
 	// not exist; "empty": it did); "" otherwise.
 	NewDir string
 	// StaleSnapshot says why a snapshot found was dropped, older than the
-	// state or another dir's ("": none was); the start is then a crash
-	// restart.
+	// state ("": none was; one of another dir is refused as damage); the
+	// start is then a crash restart.
 	StaleSnapshot string
 	// StateWrites and StateWritten are the write count and time (unix ns,
 	// 0: unknown) of the state the start found: logged, so that a data

@@ -166,7 +166,7 @@ type loaded struct {
 	st        state  // valid unless fresh or damaged
 	stOK      bool   // st was read back whole
 	snap      []byte // the clean-shutdown table; nil if none
-	staleSnap string // why a snapshot not of the state (older, or another dir's) is dropped as if none ("": none was)
+	staleSnap string // why a snapshot older than the state is dropped as if none ("": none was)
 	snapV1    bool   // snap is of the earlier format, which names no Seq
 	// untrusted is a snapshot that decoded whole in a recovered dir: its
 	// table is not loaded, but its leases tell how long the grace must be.
