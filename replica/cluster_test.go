@@ -620,7 +620,7 @@ func TestClusterJoinOutlivesAStartThatStopped(t *testing.T) {
 // lease before the clients waiting elsewhere got it.
 func TestClusterLostNodesAcquiresAreWithdrawn(t *testing.T) {
 	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = time.Second })
-	h, waiters := c.crashWithAWaiter(60000)
+	h, waiters, _ := c.crashWithAWaiter(60000)
 	for deadline := time.Now().Add(15 * time.Second); waiters() != 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the acquire queued through the lost node is still queued")
@@ -643,10 +643,13 @@ func TestClusterLostNodesAcquiresAreWithdrawn(t *testing.T) {
 // stayed held for the lost waiter's lease (a review: 14 s and more).
 func TestClusterReplacedNodesAcquiresAreWithdrawnAtOnce(t *testing.T) {
 	const unavailable = 10 * time.Second // a pass every 5 s; led for 20 s before the rule for nodes out of reach
+	// Its address does not refuse either, as when its host is gone: the
+	// rule for a process gone does not take the acquires out first.
+	neverRefused(t)
 	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
 	// Node 3 goes down as in a crash, and is replaced by node 4 (not
 	// started: nobody needs it to take the lost node's acquires out).
-	h, waiters := c.crashWithAWaiter(600000)
+	h, waiters, _ := c.crashWithAWaiter(600000)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c.replaceThird(ctx)
@@ -662,11 +665,57 @@ func TestClusterReplacedNodesAcquiresAreWithdrawnAtOnce(t *testing.T) {
 	c.nextWaiterGetsK(h)
 }
 
+// The acquires queued through a node whose process is gone (its raft
+// address refuses connections, as after a kill -9) are withdrawn as soon as
+// the leader sees the refusal, not after two unavailable timeouts: its
+// connections closed with it, and a release meanwhile handed the key to the
+// dead waiter, held for its lease (a review: 15 s and more).
+func TestClusterCrashedNodesAcquiresAreWithdrawnAtOnce(t *testing.T) {
+	const unavailable = 10 * time.Second // a pass every 5 s; out of reach for 20 s before the rule for nodes cut off
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
+	h, waiters, crashed := c.crashWithAWaiter(600000)
+	// Within a commit of the failed connection's pass, well before the
+	// ticker's next pass.
+	for waiters() != 0 {
+		if time.Since(crashed) > unavailable/4 {
+			t.Fatalf("the acquire queued through the crashed node is still queued %v after the crash", time.Since(crashed))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.nextWaiterGetsK(h)
+}
+
+// A node out of reach whose address does not refuse (cut off, not gone)
+// keeps its acquires until the rule for nodes cut off: its own clients are
+// told first.
+func TestClusterCutOffNodesAcquiresWaitTheirTurn(t *testing.T) {
+	const unavailable = 2 * time.Second
+	neverRefused(t) // a cut that drops, as a partition does
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
+	_, waiters, cut := c.crashWithAWaiter(600000)
+	for waiters() != 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d := time.Since(cut); d < lostAfter*unavailable-unavailable/2 {
+		t.Fatalf("withdrawn %v after the cut, before %v out of reach", d, lostAfter*unavailable)
+	}
+}
+
+// neverRefused has no address refuse for the rest of t, the cluster's
+// goroutines included (they stop in a cleanup registered later, which runs
+// first).
+func neverRefused(t *testing.T) {
+	old := refused
+	t.Cleanup(func() { refused = old })
+	refused = func(string) bool { return false }
+}
+
 // crashWithAWaiter has node 1's client h hold k (token 1) and w queue an
 // acquire of k through node 3 (lease and wait leaseMs), then takes node 3
 // down as in a crash: nothing withdraws its acquires on its way out.
-// waiters counts the acquires queued, as node 1 applied them.
-func (c *testCluster) crashWithAWaiter(leaseMs int) (h *line, waiters func() int) {
+// waiters counts the acquires queued, as node 1 applied them; down is when
+// node 3 began to go.
+func (c *testCluster) crashWithAWaiter(leaseMs int) (h *line, waiters func() int, down time.Time) {
 	c.t.Helper()
 	h = c.dial(0)
 	h.send("A h k 60000 0")
@@ -679,12 +728,15 @@ func (c *testCluster) crashWithAWaiter(leaseMs int) (h *line, waiters func() int
 			c.t.Fatal("w's acquire was not queued")
 		}
 	}
+	down = time.Now()
 	_ = c.nodes[2].Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// Its connections close at once, as in a crash, without lingering
+	// until their clients read.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_ = c.srvs[2].Stop(ctx)
 	c.nodes[2], c.srvs[2] = nil, nil
-	return h, waiters
+	return h, waiters, down
 }
 
 // nextWaiterGetsK has x queue for k through node 2 and h release it: x

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lni/dragonboat/v4"
@@ -206,6 +207,7 @@ type Node struct {
 	stop        chan struct{}
 	wg          sync.WaitGroup
 	timerKick   chan struct{} // capacity 1: see timerLoop
+	reapKick    chan struct{} // capacity 1: a peer's connection failed (see reapLoop)
 	// An operator's Replace or SetLimits uses the NodeHost from outside the
 	// node's goroutines: see enter.
 	useMu    sync.RWMutex
@@ -371,7 +373,7 @@ func Start(opt Options) (*Node, error) {
 		opt: opt, log: opt.Logger, dir: dir, inc: dir.incarnation,
 		reach: make(map[string]bool), reachSince: make(map[string]time.Time), reconnected: make(map[string]bool),
 		downSince: make(map[string]time.Time),
-		stop:      make(chan struct{}), timerKick: make(chan struct{}, 1),
+		stop:      make(chan struct{}), timerKick: make(chan struct{}, 1), reapKick: make(chan struct{}, 1),
 		set: set, settled: make(chan struct{}), failed: make(chan struct{}),
 	}
 	n.started = n.now()
@@ -1961,73 +1963,138 @@ const lostAfter = 2
 
 // reapLoop is the leader's side of a lost node: on each shard it leads, it
 // withdraws the queued acquires of nodes that are members no longer (a
-// replace took them out), or that it has not reached for lostAfter
-// unavailable timeouts. A node that was only cut off and applies the
-// withdraw later tells the connections it took from E unavailable (lost);
-// acquires it queues after the withdraw are not touched.
+// replace took them out), whose process is gone (crashed), or that it has
+// not reached for lostAfter unavailable timeouts. It looks every half
+// timeout, and as soon as a connection to a peer fails. A node that was
+// only cut off and applies the withdraw later tells the connections it
+// took from E unavailable (lost); acquires it queues after the withdraw
+// are not touched.
 func (n *Node) reapLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.opt.UnavailableTimeout / 2)
+	defer t.Stop()
 	most := make(map[uint32]uint64)
-	n.every(n.opt.UnavailableTimeout/2, func() {
-		m := n.members.Load()
-		self := n.opt.NodeID
-		for _, g := range n.grps {
-			f := g.fsm.Load()
-			if f == nil || g.leader.Load() != uint64(self) || g.reapRun.Load() {
+	up := make(map[uint32]bool)
+	var last time.Time
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		case <-n.reapKick:
+			// A failed connection is retried often: one pass in
+			// reapSpacing is enough.
+			if time.Since(last) < reapSpacing {
 				continue
 			}
-			// A follower sends to no other follower: its view of a node's
-			// reach can be old until it has led for a while. A node taken
-			// out of the shard (a replace) is gone whatever its reach:
-			// its acquires go at once, as read through the log, or each
-			// leadership change (a replace hands the new node its shards)
-			// put their withdrawal off again while keys went to nobody.
-			settled := sinceMono(g.ledSince.Load()) >= lostAfter*n.opt.UnavailableTimeout
-			clear(most)
-			f.mu.Lock()
-			f.t.WaitingAbove(self, most)
-			f.mu.Unlock()
-			var b []byte
-			count := uint64(0)
-			var members map[uint64]string // read through the log, once a pass
-			for node, conn := range most {
-				if settled && !n.lostNode(g, m, node) {
+		}
+		last = time.Now()
+		n.reap(most, up)
+	}
+}
+
+// reapSpacing is the least time between two passes of reapLoop woken by
+// failed connections.
+const reapSpacing = 100 * time.Millisecond
+
+// reap is one pass of reapLoop over the shards this node leads.
+func (n *Node) reap(most map[uint32]uint64, up map[uint32]bool) {
+	m := n.members.Load()
+	self := n.opt.NodeID
+	clear(up)
+	for _, g := range n.grps {
+		f := g.fsm.Load()
+		if f == nil || g.leader.Load() != uint64(self) || g.reapRun.Load() {
+			continue
+		}
+		// A follower sends to no other follower: its view of a node's
+		// reach can be old until it has led for a while. A node taken
+		// out of the shard (a replace) is gone whatever its reach:
+		// its acquires go at once, as read through the log, or each
+		// leadership change (a replace hands the new node its shards)
+		// put their withdrawal off again while keys went to nobody.
+		settled := sinceMono(g.ledSince.Load()) >= lostAfter*n.opt.UnavailableTimeout
+		clear(most)
+		f.mu.Lock()
+		f.t.WaitingAbove(self, most)
+		f.mu.Unlock()
+		var b []byte
+		count := uint64(0)
+		var members map[uint64]string // read through the log, once a pass
+		for node, conn := range most {
+			crashed := n.crashed(g, m, node, up)
+			if settled && !crashed && !n.lostNode(g, m, node) {
+				continue
+			}
+			if !settled && !crashed {
+				if _, member := g.members(m)[node]; member {
 					continue
 				}
-				if !settled {
-					if _, member := g.members(m)[node]; member {
-						continue
-					}
-					if members == nil {
-						if members = n.readMembers(g); members == nil {
-							break // no read: the next pass tries again
-						}
-					}
-					if _, member := members[uint64(node)]; member {
-						continue
+				if members == nil {
+					if members = n.readMembers(g); members == nil {
+						break // no read: the next pass tries again
 					}
 				}
-				// The connections seen, of every incarnation up to theirs:
-				// one the node opens later, as after the link heals before
-				// this commits, keeps its acquires.
-				below := conn + 1
-				b = appendCommand(b, &shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: node, Conn: below}})
-				count++
-				n.log.Warn("withdrawing the queued acquires of a node out of reach",
-					zap.Int("shard", g.idx), zap.Uint32("lost", node), zap.Bool("member", g.members(m)[node] != ""))
+				if _, member := members[uint64(node)]; member {
+					continue
+				}
 			}
-			if count == 0 {
-				continue
-			}
-			n.stats.reaped.Add(int64(count))
-			g.reapRun.Store(true)
-			n.wg.Add(1)
-			go func() {
-				defer n.wg.Done()
-				defer g.reapRun.Store(false)
-				g.propose(header{node: self, inc: n.inc, count: count}, b)
-			}()
+			// The connections seen, of every incarnation up to theirs:
+			// one the node opens later, as after the link heals before
+			// this commits, keeps its acquires.
+			below := conn + 1
+			b = appendCommand(b, &shard.Command{Op: shard.OpWithdrawBelow, From: shard.Requester{Node: node, Conn: below}})
+			count++
+			n.log.Warn("withdrawing the queued acquires of a node out of reach",
+				zap.Int("shard", g.idx), zap.Uint32("lost", node), zap.Bool("member", g.members(m)[node] != ""), zap.Bool("refused", crashed))
 		}
-	})
+		if count == 0 {
+			continue
+		}
+		n.stats.reaped.Add(int64(count))
+		g.reapRun.Store(true)
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			defer g.reapRun.Store(false)
+			g.propose(header{node: self, inc: n.inc, count: count}, b)
+		}()
+	}
+}
+
+// crashed tells whether node, a member of g out of this node's reach, has
+// no process at its raft address: the address refuses connections, so the
+// process that queued the acquires seen before this call is gone, and with
+// it every connection it had. Its acquires go at once, not after the
+// lostAfter wait that lets a node merely cut off tell its own clients
+// first: a release meanwhile handed the key to nobody, held for the dead
+// waiter's lease (a review: 15 s and more after a kill -9). A node that
+// refuses while it runs (a firewall that rejects) is told by the withdraw
+// itself, as after a cut: it closes those connections with E unavailable.
+// up holds the nodes found up in this pass: a refusal is asked again for
+// each shard, after its acquires were seen (a refusal is quick, and a
+// process started since then has connections of its own).
+func (n *Node) crashed(g *group, m *memberSet, node uint32, up map[uint32]bool) bool {
+	if up[node] {
+		return false
+	}
+	addr, member := g.members(m)[node]
+	if member && n.downFor(addr, 0) && refused(addr) {
+		return true
+	}
+	up[node] = true
+	return false
+}
+
+// refused tells whether addr refuses a TCP connection (nothing listens
+// there). A variable for tests.
+var refused = func(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // readMembers reads g's voting members through the log (a leader's view is
@@ -3018,6 +3085,12 @@ func (n *Node) ConnectionEstablished(info raftio.ConnectionInfo) {
 }
 func (n *Node) ConnectionFailed(info raftio.ConnectionInfo) {
 	n.setReach(info.Address, false, info.SnapshotConnection)
+	if !info.SnapshotConnection {
+		select {
+		case n.reapKick <- struct{}{}:
+		default:
+		}
+	}
 }
 func (n *Node) setReach(addr string, ok, snapshot bool) {
 	if snapshot && !ok {
