@@ -88,6 +88,9 @@ type Options struct {
 	// for a membership change, with the NodeHost in use: a test holds an
 	// attempt there while the node closes.
 	memberAttempt func()
+	// fs, when set, holds the raft log and snapshots in place of the
+	// operating system's (a test's disk that stalls).
+	fs config.IFS
 }
 
 // election is the election timeout.
@@ -286,7 +289,10 @@ type group struct {
 	reapRun    atomic.Bool  // a withdraw of lost nodes' acquires is in flight (reapLoop)
 	ledSince   atomic.Int64 // monoNow of when this node last became the leader (reapLoop)
 	lastOK     atomic.Int64 // monoNow of the last proposal of ours that committed
-	transferAt time.Time    // the last leader transfer asked for (balanceLoop only)
+	// stalled: monoNow of when a proposal of ours went without a result
+	// for an unavailable timeout, until a result comes (0: none).
+	stalled    atomic.Int64
+	transferAt time.Time // the last leader transfer asked for (balanceLoop only)
 	// handing is closed when the transfer of this shard's leadership that
 	// this node is asking for ends; nil while none is (see transfer).
 	handing atomic.Pointer[chan struct{}]
@@ -391,7 +397,7 @@ func Start(opt Options) (*Node, error) {
 		RaftAddress:         opt.Peers[opt.NodeID],
 		RaftEventListener:   n,
 		SystemEventListener: n,
-		Expert:              config.ExpertConfig{Engine: eng, LogDB: ldb},
+		Expert:              config.ExpertConfig{Engine: eng, LogDB: ldb, FS: opt.fs},
 	}
 	if err := checkSnapshots(nhc.NodeHostDir, uint64(opt.NodeID), opt.Shards); err != nil {
 		dir.close()
@@ -1455,7 +1461,7 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 			}
 			continue
 		}
-		r, ok := g.result(rs, changed)
+		r, ok := g.result(rs, changed, start.Add(n.opt.UnavailableTimeout))
 		g.flying.Add(-1)
 		if !ok {
 			continue
@@ -1468,6 +1474,7 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 			return false, false
 		case r.Completed():
 			g.lastOK.Store(monoNow())
+			g.stalled.Store(0)
 			if o := n.opt.ProposeSeconds; o != nil {
 				o.Observe(time.Since(start).Seconds())
 			}
@@ -1500,13 +1507,20 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 }
 
 // result waits for a proposal's result; false if the shard's leader
-// changed first (the proposal is abandoned, not released: its result may
-// still come).
-func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}) (dragonboat.RequestResult, bool) {
+// changed first, or giveUp came (the proposal is abandoned, not released:
+// its result may still come). Dragonboat's own timeout counts raft ticks,
+// which stop while this node's raft step waits on its disk: a disk that
+// stalls would hold the proposal's connections for as long as it stalls
+// (a review: 30 s for a 30 s stall, with /readyz 200 throughout).
+func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}, giveUp time.Time) (dragonboat.RequestResult, bool) {
+	t := time.NewTimer(time.Until(giveUp))
+	defer t.Stop()
 	select {
 	case r := <-rs.ResultC():
 		return r, true
 	case <-g.n.stop: // Close waits for this proposal; the next attempt sees the stop
+	case <-t.C:
+		g.stall(rs)
 	case <-changed:
 		if g.leader.Load() == 0 {
 			select { // no leader yet: the next change, or the timeout
@@ -1514,10 +1528,32 @@ func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}) (dr
 				return r, true
 			case <-g.leaderChanged():
 			case <-g.n.stop:
+			case <-t.C:
+				g.stall(rs)
 			}
 		}
 	}
 	return dragonboat.RequestResult{}, false
+}
+
+// stall marks the shard stalled, which makes the node not ready (Ready),
+// until the result of rs, abandoned, or of a later proposal comes: until
+// then this node's raft step has not been seen to move.
+func (g *group) stall(rs *dragonboat.RequestState) {
+	n := g.n
+	if g.stalled.CompareAndSwap(0, monoNow()) {
+		n.log.Warn("a proposal has had no result for an unavailable timeout: this node is not ready until one comes (its disk or its raft step stalls, or the shard has no quorum)",
+			zap.Int("shard", g.idx), zap.Duration("unavailable_timeout", n.opt.UnavailableTimeout))
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		select {
+		case <-rs.ResultC():
+			g.stalled.Store(0)
+		case <-n.stop:
+		}
+	}()
 }
 
 // fail answers why (an E unavailable) to the connections whose requests
@@ -2176,14 +2212,15 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 // Ready is true once every shard has agreed with this node's settings
 // (which also means the node has applied what the shard had committed when
 // it started: a rolling restart may take the next node down), while it
-// knows a leader for every shard and is neither stopping (it no longer
-// carries out what it reads) nor failed.
+// knows a leader for every shard, has no proposal that went an unavailable
+// timeout without a result since (stalled), and is neither stopping (it no
+// longer carries out what it reads) nor failed.
 func (n *Node) Ready() bool {
 	if n.closing.Load() || n.Err() != nil {
 		return false
 	}
 	for _, g := range n.grps {
-		if g.leader.Load() == 0 || !g.agreed.Load() {
+		if g.leader.Load() == 0 || !g.agreed.Load() || g.stalled.Load() != 0 {
 			return false
 		}
 	}

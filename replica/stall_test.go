@@ -1,0 +1,97 @@
+package replica
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lni/vfs"
+)
+
+// stall is a disk that stalls at will: MaybeError, as Dragonboat's error
+// injection calls it before each file operation (the only file systems it
+// takes besides the operating system's), holds every Sync while a stall
+// lasts and injects no error.
+type stall struct {
+	mu    sync.Mutex
+	until chan struct{} // closed when the stall ends; nil: no stall
+}
+
+func (s *stall) start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.until == nil {
+		s.until = make(chan struct{})
+	}
+}
+
+func (s *stall) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.until != nil {
+		close(s.until)
+		s.until = nil
+	}
+}
+
+func (s *stall) MaybeError(op vfs.Op) error {
+	if op != vfs.OpSync {
+		return nil
+	}
+	s.mu.Lock()
+	ch := s.until
+	s.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+	return nil
+}
+
+// A node whose disk stalls answers the requests it cannot settle with
+// E unavailable after the unavailable timeout, and is not ready until its
+// raft step moves again: Dragonboat's own timeout counts ticks, which stop
+// while the step waits on the disk, and a review saw clients held for the
+// whole of a 30 s stall, with /readyz 200 throughout.
+func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
+	const unavailable = 2 * time.Second
+	c := newStoppedCluster(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
+	disk := &stall{}
+	t.Cleanup(disk.end) // runs before the cluster's stop, registered earlier
+	opt := c.options(1, c.dirs[0])
+	opt.fs = vfs.Wrap(vfs.Default, disk)
+	c.startWith(0, opt)
+	c.start(1)
+	c.start(2)
+	c.waitReady()
+	a := c.dial(0)
+	a.send("A a k 60000 0")
+	a.expect("A 1 a k")
+
+	disk.start()
+	stalled := time.Now()
+	b := c.dial(0)
+	b.send("A b j 60000 0")
+	_ = b.c.SetReadDeadline(time.Now().Add(4 * unavailable))
+	got, err := b.r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(got, "E unavailable") {
+		t.Fatalf("%v into a stall of node 1's disk: %q (%v), want E unavailable", time.Since(stalled), got, err)
+	}
+	if c.nodes[0].Ready() {
+		t.Fatal("ready with its disk stalled and a proposal given up")
+	}
+	// The others go on: the key held through node 1 is still held.
+	x := c.dial(1)
+	x.send("A x k 60000 0")
+	x.expect("T x k")
+
+	disk.end()
+	for deadline := time.Now().Add(20 * time.Second); !c.nodes[0].Ready(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready again after its disk came back")
+		}
+	}
+	y := c.dial(0)
+	y.send("A y j 60000 0")
+	y.expectGrant("y", "j")
+}
