@@ -239,6 +239,38 @@ func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
 	}
 }
 
+// On a disk whose every synced write takes longer than leaseStep, a
+// hand-over whose lease needs a higher ceiling is answered after a write or
+// two: each write moved its deadline on past the ceiling it had just made
+// durable, for another write, and the event loop wrote for as long as the
+// disk stayed that slow, answering nobody (a review: 90 s with fsyncs of
+// 2.1 s).
+func TestHandOverOnADiskSlowerThanTheLeaseStep(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{})
+	h, w := g.dial(), g.dial()
+	tok := h.acquire("h", "k", 1000)
+	w.send("A w k 600000 60000")
+	time.Sleep(50 * time.Millisecond) // queued
+	const most = 50                   // slow writes: the test ends either way
+	var writes atomic.Int64
+	g.store.setSaveErr(func(state) error {
+		if writes.Add(1) <= most {
+			g.clock.jump(time.Duration(leaseStep + leaseStep/4))
+		}
+		return nil
+	})
+	h.send(fmt.Sprintf("R %d k", tok))
+	h.expect(fmt.Sprintf("R %d k", tok))
+	answered := g.clock.now()
+	w.granted("w", "k")
+	n := writes.Load()
+	g.store.setSaveErr(nil)
+	if n > 4 {
+		t.Fatalf("%d synced writes of %v each before the hand-over's answer", n, time.Duration(leaseStep+leaseStep/4))
+	}
+	g.grantedOnlyAfter(g.dial(), "k", answered, 600*time.Second)
+}
+
 // A grant at once to an acquire that could have waited (wait_ms > 0) is
 // dated by its holder from its answer too, as a hand-over is (the client
 // cannot tell them apart): one whose answer leaves late (its lease

@@ -112,6 +112,9 @@ type Runner struct {
 	st        state
 	leaseCeil atomic.Int64
 	tokenCeil atomic.Uint64
+	// lastSave is how long the last synced write of the state took, on the
+	// runner's clock (see coverLeases).
+	lastSave atomic.Int64
 	// SyncReserves counts ceilings written on the request path because the
 	// background had not kept ahead (a lease longer than any before, a
 	// burst of grants).
@@ -562,10 +565,12 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 		return nil
 	}
 	next.Seq = r.st.Seq + 1
-	next.Written = satAdd(r.clock.now(), r.clock.ahead()) // on the next run's clock, as LeaseCeil
+	start := r.clock.now()
+	next.Written = satAdd(start, r.clock.ahead()) // on the next run's clock, as LeaseCeil
 	if err := r.store.save(next); err != nil {
 		return err
 	}
+	r.lastSave.Store(max(0, r.clock.now()-start))
 	r.st = next
 	r.tokenCeil.Store(next.TokenCeil)
 	r.leaseCeil.Store(next.LeaseCeil)
@@ -1137,6 +1142,14 @@ func postAnswer(c *netloop.Conn, a *shard.Answer, since int64, b []byte) bool {
 // ceilingLoop keeps the ceiling ahead of steady traffic; only a lease
 // longer than any before, or a step, lands here and pays a synced write
 // under the shard lock, before any answer can leave. Under p.mu.
+//
+// The ceiling goes leaseStep past the deadline and as far again as the
+// last synced write took: renewLate moves hand-overs' deadlines on by the
+// write's time, and on a disk whose fsyncs took longer than leaseStep each
+// write left them past the ceiling it had just made durable, for another
+// write; the event loop wrote for as long as the disk stayed that slow,
+// answering nobody (a review: 90 s with fsyncs of 2.1 s). A crash restart's
+// grace may be that much longer.
 func (r *Runner) coverLeases(p *part) {
 	d := p.t.MaxDeadline()
 	var ahead int64
@@ -1147,7 +1160,7 @@ func (r *Runner) coverLeases(p *part) {
 	}
 	if satAdd(d, ahead) > r.leaseCeil.Load() {
 		r.syncReserves.Add(1)
-		if err := r.raiseLease(satAdd(d, leaseStep)); err != nil {
+		if err := r.raiseLease(satAdd(d, satAdd(leaseStep, r.lastSave.Load()))); err != nil {
 			r.fail("cannot persist lease ceiling", err)
 		}
 	}
