@@ -271,6 +271,40 @@ func TestHandOverOnADiskSlowerThanTheLeaseStep(t *testing.T) {
 	g.grantedOnlyAfter(g.dial(), "k", answered, 600*time.Second)
 }
 
+// A late hand-over whose lease ceiling cannot be written stops trying once
+// the write has failed: the runner is failing, and the loop that moves the
+// lease on wrote again and again under the shard lock, its event loop
+// answering nobody until the process was gone.
+func TestLateHandOverWhoseCeilingFailsStopsWriting(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{})
+	h, w := g.dial(), g.dial()
+	tok := h.acquire("h", "k", 1000)
+	w.send("A w k 600000 60000")
+	time.Sleep(50 * time.Millisecond) // queued
+	var writes atomic.Int64
+	g.store.setSaveErr(func(state) error {
+		if writes.Add(1) == 1 {
+			g.clock.jump(time.Duration(leaseStep + leaseStep/4)) // late: the lease moves on
+			return nil
+		}
+		g.clock.jump(time.Millisecond) // a failed write takes time too
+		return errors.New("injected EIO")
+	})
+	h.send(fmt.Sprintf("R %d k", tok))
+	select {
+	case <-g.r.Failed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the runner did not fail on a failed write")
+	}
+	n := writes.Load()
+	time.Sleep(200 * time.Millisecond)
+	m := writes.Load()
+	g.store.setSaveErr(nil) // a loop still writing ends: the test ends either way
+	if m != n || n > 4 {
+		t.Fatalf("%d writes when the runner failed, %d more 200 ms later", n, m-n)
+	}
+}
+
 // A grant at once to an acquire that could have waited (wait_ms > 0) is
 // dated by its holder from its answer too, as a hand-over is (the client
 // cannot tell them apart): one whose answer leaves late (its lease

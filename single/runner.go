@@ -1006,9 +1006,12 @@ func (r *Runner) renewLate(p *part, now int64) int64 {
 		r.renewals.Add(1)
 		now += late
 		// Again only after a synced write: the round's own microseconds
-		// are what any answer takes to leave.
+		// are what any answer takes to leave. Not after a write that
+		// failed: the ceiling will not rise, and the loop would write
+		// under the shard lock until the process is gone (a review:
+		// 16 million failed writes in 3 s); route holds the grants back.
 		wrote := r.syncReserves.Load()
-		if r.coverLeases(p); r.syncReserves.Load() == wrote {
+		if r.coverLeases(p); r.syncReserves.Load() == wrote || r.isFailed.Load() {
 			return now
 		}
 	}
