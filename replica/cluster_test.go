@@ -707,7 +707,7 @@ func TestClusterCutOffNodesAcquiresWaitTheirTurn(t *testing.T) {
 func neverRefused(t *testing.T) {
 	old := refused
 	t.Cleanup(func() { refused = old })
-	refused = func(string) bool { return false }
+	refused = func(context.Context, string) bool { return false }
 }
 
 // crashWithAWaiter has node 1's client h hold k (token 1) and w queue an

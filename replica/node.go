@@ -289,8 +289,8 @@ type group struct {
 	reapRun    atomic.Bool  // a withdraw of lost nodes' acquires is in flight (reapLoop)
 	ledSince   atomic.Int64 // monoNow of when this node last became the leader (reapLoop)
 	lastOK     atomic.Int64 // monoNow of the last proposal of ours that committed
-	// stalled: monoNow of when a proposal of ours went without a result
-	// for an unavailable timeout, until a result comes (0: none).
+	// stalled counts our proposals given up on the clock (result) whose
+	// result has not come yet.
 	stalled    atomic.Int64
 	transferAt time.Time // the last leader transfer asked for (balanceLoop only)
 	// handing is closed when the transfer of this shard's leadership that
@@ -1461,7 +1461,7 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 			}
 			continue
 		}
-		r, ok := g.result(rs, changed, start.Add(n.opt.UnavailableTimeout))
+		r, ok := g.result(rs, changed, time.Now().Add(max(n.opt.UnavailableTimeout, 2*n.opt.ProposeTimeout)))
 		g.flying.Add(-1)
 		if !ok {
 			continue
@@ -1474,7 +1474,6 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 			return false, false
 		case r.Completed():
 			g.lastOK.Store(monoNow())
-			g.stalled.Store(0)
 			if o := n.opt.ProposeSeconds; o != nil {
 				o.Observe(time.Since(start).Seconds())
 			}
@@ -1511,7 +1510,9 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 // its result may still come). Dragonboat's own timeout counts raft ticks,
 // which stop while this node's raft step waits on its disk: a disk that
 // stalls would hold the proposal's connections for as long as it stalls
-// (a review: 30 s for a 30 s stall, with /readyz 200 throughout).
+// (a review: 30 s for a 30 s stall, with /readyz 200 throughout). giveUp
+// is an unavailable timeout after the proposal, and no sooner than twice
+// Dragonboat's timeout, which a raft step that moves keeps.
 func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}, giveUp time.Time) (dragonboat.RequestResult, bool) {
 	t := time.NewTimer(time.Until(giveUp))
 	defer t.Stop()
@@ -1536,13 +1537,14 @@ func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}, giv
 	return dragonboat.RequestResult{}, false
 }
 
-// stall marks the shard stalled, which makes the node not ready (Ready),
-// until the result of rs, abandoned, or of a later proposal comes: until
-// then this node's raft step has not been seen to move.
+// stall counts rs, abandoned, as stalled until its result comes, which
+// makes the node not ready (Ready): until then this node's raft step has
+// not been seen to move past it. Dragonboat gives every proposal a result
+// (at the latest its timeout, once ticks run again).
 func (g *group) stall(rs *dragonboat.RequestState) {
 	n := g.n
-	if g.stalled.CompareAndSwap(0, monoNow()) {
-		n.log.Warn("a proposal has had no result for an unavailable timeout: this node is not ready until one comes (its disk or its raft step stalls, or the shard has no quorum)",
+	if g.stalled.Add(1) == 1 {
+		n.log.Warn("a proposal has had no result for an unavailable timeout: this node is not ready until it has one (its disk or its raft step stalls, or the shard has no quorum)",
 			zap.Int("shard", g.idx), zap.Duration("unavailable_timeout", n.opt.UnavailableTimeout))
 	}
 	n.wg.Add(1)
@@ -1550,7 +1552,7 @@ func (g *group) stall(rs *dragonboat.RequestState) {
 		defer n.wg.Done()
 		select {
 		case <-rs.ResultC():
-			g.stalled.Store(0)
+			g.stalled.Add(-1)
 		case <-n.stop:
 		}
 	}()
@@ -2012,15 +2014,21 @@ func (n *Node) reapLoop() {
 	most := make(map[uint32]uint64)
 	up := make(map[uint32]bool)
 	var last time.Time
+	var again <-chan time.Time // a kick put off (reapSpacing)
 	for {
 		select {
 		case <-n.stop:
 			return
 		case <-t.C:
+		case <-again:
+			again = nil
 		case <-n.reapKick:
 			// A failed connection is retried often: one pass in
-			// reapSpacing is enough.
-			if time.Since(last) < reapSpacing {
+			// reapSpacing is enough, and a kick within it comes at its end.
+			if d := reapSpacing - time.Since(last); d > 0 {
+				if again == nil {
+					again = time.After(d)
+				}
 				continue
 			}
 		}
@@ -2105,8 +2113,9 @@ func (n *Node) reap(most map[uint32]uint64, up map[uint32]bool) {
 // lostAfter wait that lets a node merely cut off tell its own clients
 // first: a release meanwhile handed the key to nobody, held for the dead
 // waiter's lease (a review: 15 s and more after a kill -9). A node that
-// refuses while it runs (a firewall that rejects) is told by the withdraw
-// itself, as after a cut: it closes those connections with E unavailable.
+// refuses while it runs (a firewall or proxy that rejects) is told by the
+// withdraw itself, as after a cut: it closes those connections with
+// E unavailable, their clients a cut's time early.
 // up holds the nodes found up in this pass: a refusal is asked again for
 // each shard, after its acquires were seen (a refusal is quick, and a
 // process started since then has connections of its own).
@@ -2115,23 +2124,38 @@ func (n *Node) crashed(g *group, m *memberSet, node uint32, up map[uint32]bool) 
 		return false
 	}
 	addr, member := g.members(m)[node]
-	if member && n.downFor(addr, 0) && refused(addr) {
+	if member && n.downFor(addr, 0) && n.refusedNow(addr) {
 		return true
 	}
 	up[node] = true
 	return false
 }
 
-// refused tells whether addr refuses a TCP connection (nothing listens
-// there). A variable for tests.
-var refused = func(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+// refusedNow is refused, given up at the node's stop.
+func (n *Node) refusedNow(addr string) bool {
+	ctx, cancel := n.untilStop(context.Background())
+	defer cancel()
+	return refused(ctx, addr)
+}
+
+// refused tells whether addr refuses a TCP connection within probeFor:
+// nothing listens there, or a firewall or proxy on the way rejects it. A
+// variable for tests.
+var refused = func(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, probeFor)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
 	if err == nil {
 		c.Close()
 		return false
 	}
 	return errors.Is(err, syscall.ECONNREFUSED)
 }
+
+// probeFor bounds refused: a refusal comes within a round trip, and an
+// address whose packets are dropped holds reapLoop's pass this long.
+const probeFor = 250 * time.Millisecond
 
 // readMembers reads g's voting members through the log (a leader's view is
 // then current); nil if that fails within a second.
@@ -2212,15 +2236,16 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 // Ready is true once every shard has agreed with this node's settings
 // (which also means the node has applied what the shard had committed when
 // it started: a rolling restart may take the next node down), while it
-// knows a leader for every shard, has no proposal that went an unavailable
-// timeout without a result since (stalled), and is neither stopping (it no
-// longer carries out what it reads) nor failed.
+// knows a leader for every shard, has no proposal given up on the clock
+// still without a result (stalled: its disk or raft step stalls), and is
+// neither stopping (it no longer carries out what it reads) nor failed. A
+// node that stalls while idle is told so by its next request.
 func (n *Node) Ready() bool {
 	if n.closing.Load() || n.Err() != nil {
 		return false
 	}
 	for _, g := range n.grps {
-		if g.leader.Load() == 0 || !g.agreed.Load() || g.stalled.Load() != 0 {
+		if g.leader.Load() == 0 || !g.agreed.Load() || g.stalled.Load() > 0 {
 			return false
 		}
 	}
