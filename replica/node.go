@@ -1461,7 +1461,7 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 			}
 			continue
 		}
-		r, ok := g.result(rs, changed, time.Now().Add(max(n.opt.UnavailableTimeout, 2*n.opt.ProposeTimeout)))
+		r, ok := g.result(rs, changed, maxTime(start.Add(n.opt.UnavailableTimeout), time.Now().Add(2*n.opt.ProposeTimeout)))
 		g.flying.Add(-1)
 		if !ok {
 			continue
@@ -1511,8 +1511,10 @@ func (g *group) proposeOrGiveUp(h header, body []byte) (ok, gaveUp bool) {
 // which stop while this node's raft step waits on its disk: a disk that
 // stalls would hold the proposal's connections for as long as it stalls
 // (a review: 30 s for a 30 s stall, with /readyz 200 throughout). giveUp
-// is an unavailable timeout after the proposal, and no sooner than twice
-// Dragonboat's timeout, which a raft step that moves keeps.
+// is an unavailable timeout after the request's first attempt, and no
+// sooner than twice Dragonboat's timeout after this one's proposal, which
+// a raft step that moves keeps: a request waits at most the two, and a
+// proposal is counted stalled only once it has gone that long without.
 func (g *group) result(rs *dragonboat.RequestState, changed <-chan struct{}, giveUp time.Time) (dragonboat.RequestResult, bool) {
 	t := time.NewTimer(time.Until(giveUp))
 	defer t.Stop()
@@ -1547,9 +1549,9 @@ func (g *group) stall(rs *dragonboat.RequestState) {
 		n.log.Warn("a proposal has had no result for an unavailable timeout: this node is not ready until it has one (its disk or its raft step stalls, or the shard has no quorum)",
 			zap.Int("shard", g.idx), zap.Duration("unavailable_timeout", n.opt.UnavailableTimeout))
 	}
-	n.wg.Add(1)
+	// Not in n.wg: SetLimits proposes from goroutines of its own, which
+	// may get here while Close waits; this one ends at the stop anyway.
 	go func() {
-		defer n.wg.Done()
 		select {
 		case <-rs.ResultC():
 			g.stalled.Add(-1)
@@ -3029,6 +3031,13 @@ func (g *group) takeOff(stop <-chan struct{}) bool {
 
 func minTime(a, b time.Time) time.Time {
 	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
 		return b
 	}
 	return a

@@ -95,3 +95,46 @@ func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
 	y.send("A y j 60000 0")
 	y.expectGrant("y", "j")
 }
+
+// A request whose attempt comes late (here it waited out a hold of its shard
+// for most of the unavailable timeout) and then meets a stalled disk is
+// answered within the timeout and twice Dragonboat's own after that
+// attempt: each attempt had a whole timeout of its own, about twice the
+// bound the README gives (a review: 3.9 s for a timeout of 2 s).
+func TestClusterStalledDiskAfterALateAttemptAnswersInTime(t *testing.T) {
+	const unavailable = 2 * time.Second
+	c := newStoppedCluster(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
+	disk := &stall{}
+	t.Cleanup(disk.end) // runs before the cluster's stop, registered earlier
+	opt := c.options(1, c.dirs[0])
+	opt.fs = vfs.Wrap(vfs.Default, disk)
+	c.startWith(0, opt)
+	c.start(1)
+	c.start(2)
+	c.waitReady()
+	g := c.nodes[0].grps[0]
+	// Node 1 leads, so that the attempt must sync its own log.
+	for deadline := time.Now().Add(10 * time.Second); g.leader.Load() != 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("node 1 did not take the shard's leadership")
+		}
+		_ = c.nodes[0].nh.RequestLeaderTransfer(g.id, 1)
+	}
+	h := &holdOn{from: 1, done: make(chan struct{})} // as a hand-over to node 1 would
+	g.hold.Store(h)
+	b := c.dial(0)
+	sent := time.Now()
+	b.send("A b j 60000 0")
+	time.Sleep(unavailable - 100*time.Millisecond) // held: no attempt yet
+	disk.start()
+	g.endHold(h)
+	_ = b.c.SetReadDeadline(time.Now().Add(4 * unavailable))
+	got, err := b.r.ReadString('\n')
+	took := time.Since(sent)
+	if err != nil || !strings.HasPrefix(got, "E unavailable") {
+		t.Fatalf("%v after the request: %q (%v), want E unavailable", took, got, err)
+	}
+	if most := unavailable + 2*c.nodes[0].opt.ProposeTimeout + 500*time.Millisecond; took > most {
+		t.Fatalf("E unavailable %v after the request, more than %v", took, most)
+	}
+}
