@@ -48,13 +48,10 @@ func (s *stall) MaybeError(op vfs.Op) error {
 	return nil
 }
 
-// A node whose disk stalls answers the requests it cannot settle with
-// E unavailable after the unavailable timeout, and is not ready until its
-// raft step moves again: Dragonboat's own timeout counts ticks, which stop
-// while the step waits on the disk, and a review saw clients held for the
-// whole of a 30 s stall, with /readyz 200 throughout.
-func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
-	const unavailable = 2 * time.Second
+// stallingCluster is a ready cluster of one shard whose node 1 has a disk
+// that stalls at will, with the unavailable timeout given.
+func stallingCluster(t *testing.T, unavailable time.Duration) (*testCluster, *stall) {
+	t.Helper()
 	c := newStoppedCluster(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
 	disk := &stall{}
 	t.Cleanup(disk.end) // runs before the cluster's stop, registered earlier
@@ -64,6 +61,17 @@ func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
 	c.start(1)
 	c.start(2)
 	c.waitReady()
+	return c, disk
+}
+
+// A node whose disk stalls answers the requests it cannot settle with
+// E unavailable after the unavailable timeout, and is not ready until its
+// raft step moves again: Dragonboat's own timeout counts ticks, which stop
+// while the step waits on the disk, and a review saw clients held for the
+// whole of a 30 s stall, with /readyz 200 throughout.
+func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
+	const unavailable = 2 * time.Second
+	c, disk := stallingCluster(t, unavailable)
 	a := c.dial(0)
 	a.send("A a k 60000 0")
 	a.expect("A 1 a k")
@@ -103,15 +111,7 @@ func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
 // bound the README gives (a review: 3.9 s for a timeout of 2 s).
 func TestClusterStalledDiskAfterALateAttemptAnswersInTime(t *testing.T) {
 	const unavailable = 2 * time.Second
-	c := newStoppedCluster(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
-	disk := &stall{}
-	t.Cleanup(disk.end) // runs before the cluster's stop, registered earlier
-	opt := c.options(1, c.dirs[0])
-	opt.fs = vfs.Wrap(vfs.Default, disk)
-	c.startWith(0, opt)
-	c.start(1)
-	c.start(2)
-	c.waitReady()
+	c, disk := stallingCluster(t, unavailable)
 	g := c.nodes[0].grps[0]
 	// Node 1 leads, so that the attempt must sync its own log.
 	for deadline := time.Now().Add(10 * time.Second); g.leader.Load() != 1; time.Sleep(50 * time.Millisecond) {

@@ -195,6 +195,17 @@ func (g *rig) slowTenMinuteCeiling() *atomic.Bool {
 	return &slow
 }
 
+// waiterBehindHolder has h hold k (a 1 s lease, token tok) and w queue
+// for it with a lease of 10 minutes, more than the lease ceiling covers.
+func (g *rig) waiterBehindHolder() (h, w *client, tok uint64) {
+	g.t.Helper()
+	h, w = g.dial(), g.dial()
+	tok = h.acquire("h", "k", 1000)
+	w.send("A w k 600000 60000")
+	time.Sleep(50 * time.Millisecond) // queued
+	return h, w, tok
+}
+
 // grantedOnlyAfter queues x on key behind its holder and checks that x is
 // granted only once lease has passed since answered, the time the holder
 // counts its lease from.
@@ -219,10 +230,8 @@ func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
 	for _, loops := range []int{1, 2} {
 		t.Run(fmt.Sprintf("loops=%d", loops), func(t *testing.T) {
 			g := startRig(t, t.TempDir(), rigOpts{loops: loops})
-			h, w, x := g.dial(), g.dial(), g.dial()
-			tok := h.acquire("h", "k", 1000)
-			w.send("A w k 600000 60000")
-			time.Sleep(50 * time.Millisecond) // queued
+			h, w, tok := g.waiterBehindHolder()
+			x := g.dial()
 			slow := g.slowTenMinuteCeiling()
 			h.send(fmt.Sprintf("R %d k", tok))
 			h.expect(fmt.Sprintf("R %d k", tok))
@@ -247,11 +256,8 @@ func TestLateHandOverKeepsItsLeaseFromItsAnswer(t *testing.T) {
 // 2.1 s).
 func TestHandOverOnADiskSlowerThanTheLeaseStep(t *testing.T) {
 	g := startRig(t, t.TempDir(), rigOpts{})
-	h, w := g.dial(), g.dial()
-	tok := h.acquire("h", "k", 1000)
-	w.send("A w k 600000 60000")
-	time.Sleep(50 * time.Millisecond) // queued
-	const most = 50                   // slow writes: the test ends either way
+	h, w, tok := g.waiterBehindHolder()
+	const most = 50 // slow writes: the test ends either way
 	var writes atomic.Int64
 	g.store.setSaveErr(func(state) error {
 		if writes.Add(1) <= most {
@@ -277,10 +283,7 @@ func TestHandOverOnADiskSlowerThanTheLeaseStep(t *testing.T) {
 // answering nobody until the process was gone.
 func TestLateHandOverWhoseCeilingFailsStopsWriting(t *testing.T) {
 	g := startRig(t, t.TempDir(), rigOpts{})
-	h, w := g.dial(), g.dial()
-	tok := h.acquire("h", "k", 1000)
-	w.send("A w k 600000 60000")
-	time.Sleep(50 * time.Millisecond) // queued
+	h, _, tok := g.waiterBehindHolder() // its waiter makes the release a hand-over
 	var writes atomic.Int64
 	g.store.setSaveErr(func(state) error {
 		if writes.Add(1) == 1 {
