@@ -200,6 +200,7 @@ type Table struct {
 
 	// Not state.
 	ceiling uint64            // tokens up to here are reserved (with ReserveTokens)
+	longest uint64            // the longest lease granted, ms (see LongestLease)
 	granted [grantRing]*entry // see holder
 	freeE   []*entry
 	freeW   []*waiter
@@ -678,6 +679,11 @@ func (t *Table) ShiftLeases(by int64) {
 // the latest one still held.
 func (t *Table) MaxDeadline() int64 { return t.maxDeadline }
 
+// LongestLease is the longest lease, in ms, this table has granted since it
+// was made: single mode keeps a durable bound on it, so that a crash's
+// grace need not outlast it. Not state: no answer depends on it.
+func (t *Table) LongestLease() uint64 { return t.longest }
+
 // Extend moves the lease of key's grant token to end no earlier than
 // deadline: single mode's answer to a hand-over that leaves late (see
 // single.Runner). false if token no longer holds key. Not for a Replicated
@@ -721,6 +727,7 @@ func (t *Table) grant(out []Answer, e *entry, now int64, to Requester, owner []b
 	tok := t.nextToken()
 	e.token, e.deadline = tok, addMs(now, leaseMs)
 	t.granted[tok%grantRing] = e
+	t.longest = max(t.longest, leaseMs)
 	if e.deadline > t.maxDeadline {
 		t.maxDeadline = e.deadline
 	}

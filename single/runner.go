@@ -112,6 +112,7 @@ type Runner struct {
 	st        state
 	leaseCeil atomic.Int64
 	tokenCeil atomic.Uint64
+	maxLease  atomic.Int64 // st.MaxLease
 	// lastSave is how long the last synced write of the state took, on the
 	// runner's clock (see coverLeases).
 	lastSave atomic.Int64
@@ -240,8 +241,9 @@ func (r *Runner) reserveTokens(next uint64) uint64 {
 
 // crashGrace is when the grace of a crash restart at now ends: the lease
 // ceiling, which covers every lease granted, but no later than now plus the
-// longest lease the dir's runs could grant (and leaseStep, as a recovery
-// waits): each of those leases was answered before the crash, so it ends
+// longest lease granted in the dir (MaxLease, durable before its answer
+// left; and leaseStep, as a recovery waits): each of those leases was
+// answered before the crash, so it ends
 // within that of now, whatever the wall clock read when it was counted. A
 // run whose wall clock was far ahead (a host that booted a day fast, then
 // corrected) wrote its ceilings that far out, and the restart would
@@ -455,7 +457,10 @@ func (r *Runner) load(ld loaded, now int64) error {
 		// shorter one, the next crash's grace would end before them.
 		st.MaxLease = untilCeil(ld.st.LeaseCeil, now)
 	}
-	st.MaxLease = max(st.MaxLease, int64(r.opt.MaxLease))
+	// Raised by the first grant longer than it (coverLeases), not to
+	// --max-lease here: a crash's grace ends within it of the restart. At
+	// least 1 ns, as 0 stands for an earlier version's dir.
+	st.MaxLease = max(st.MaxLease, 1)
 	st.SeqSnaps = true
 	r.Clean = ld.snap != nil
 	if err := r.write(func(s *state) { *s = st }, ld.snap != nil); err != nil {
@@ -558,6 +563,7 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 	next := r.st
 	change(&next)
 	next.TokenCeil = max(next.TokenCeil, r.st.TokenCeil)
+	next.MaxLease = max(next.MaxLease, r.st.MaxLease)
 	if !lower {
 		next.LeaseCeil = max(next.LeaseCeil, r.st.LeaseCeil)
 	}
@@ -574,6 +580,7 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 	r.st = next
 	r.tokenCeil.Store(next.TokenCeil)
 	r.leaseCeil.Store(next.LeaseCeil)
+	r.maxLease.Store(next.MaxLease)
 	return nil
 }
 
@@ -1152,7 +1159,9 @@ func postAnswer(c *netloop.Conn, a *shard.Answer, since int64, b []byte) bool {
 // write left them past the ceiling it had just made durable, for another
 // write; the event loop wrote for as long as the disk stayed that slow,
 // answering nobody (a review: 90 s with fsyncs of 2.1 s). A crash restart's
-// grace may be that much longer.
+// grace is not that much longer (a fault campaign found it so): it ends
+// within the longest lease granted of the restart (crashGrace), and a lease
+// longer than any before is made durable here as well, before its answer.
 func (r *Runner) coverLeases(p *part) {
 	d := p.t.MaxDeadline()
 	var ahead int64
@@ -1165,6 +1174,12 @@ func (r *Runner) coverLeases(p *part) {
 		r.syncReserves.Add(1)
 		if err := r.raiseLease(satAdd(d, satAdd(leaseStep, r.lastSave.Load()))); err != nil {
 			r.fail("cannot persist lease ceiling", err)
+		}
+	}
+	if l := int64(p.t.LongestLease()) * int64(time.Millisecond); l > r.maxLease.Load() {
+		r.syncReserves.Add(1)
+		if err := r.raise(func(s *state) { s.MaxLease = max(s.MaxLease, l) }); err != nil {
+			r.fail("cannot persist the longest lease", err)
 		}
 	}
 }

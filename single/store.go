@@ -62,9 +62,11 @@ type state struct {
 	TokenCeil uint64 // no token above this was granted, on any shard
 	LeaseCeil int64  // no lease granted ends after this (unix ns)
 	Shards    uint32 // --shards of the run that wrote it (for the snapshot)
-	// MaxLease is the longest --max-lease of any run on the dir since it
-	// was first kept (ns; 0: unknown, a dir of an earlier version), written
-	// before each run serves: no lease granted in the dir was longer.
+	// MaxLease bounds every lease granted in the dir since it was first
+	// kept (ns; 0: unknown, a dir of an earlier version): the longest one
+	// granted, written before its answer left (earlier versions wrote each
+	// run's --max-lease), or on a dir recovered or of an earlier version,
+	// how long its lease ceiling had to run.
 	MaxLease int64
 	// SeqSnaps: a run of a version whose snapshots name their state's Seq
 	// wrote this state, so a snapshot of the earlier format found beside it
