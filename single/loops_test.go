@@ -855,6 +855,86 @@ func TestCrashGraceOnARestartWhoseClockReadsFast(t *testing.T) {
 	}
 }
 
+// A restart whose wall clock reads fast waits out a grace past the lease
+// ceiling it read (what the ceiling had left, counted from the restart):
+// that grace must be durable with the start's own write. It was not until
+// the ceiling loop's first round, and a second crash before it left a
+// ceiling already passed: the third run granted at once a key whose
+// 10-minute lease, answered 6 s before, still ran.
+func TestSecondCrashRightAfterAFastClockRestartKeepsTheGrace(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 1})
+	g.dial().acquire("h", "held", 600_000)
+	answered := g.clock.now()
+	g.crash()
+
+	opt := Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}
+	now := answered + int64(5*time.Second) + int64(time.Hour) // 5 s later, the clock an hour fast
+	r, err := open(opt, env{clock: newFakeClock(now)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close() // crashed before its loops ran
+
+	now3 := now + int64(time.Second)
+	r3, err := open(opt, env{clock: newFakeClock(now3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r3.Close()
+	if left := int64(600*time.Second) - int64(6*time.Second); r3.GraceUntil < now3+left {
+		t.Fatalf("the third run's grace ends %v after its start; the lease has %v left", time.Duration(max(0, r3.GraceUntil-now3)), time.Duration(left))
+	}
+}
+
+// The same with the grace carried over by a clean shutdown: the run after
+// it, on a clock an hour fast, and a crash before its ceiling loop ran.
+func TestCrashAfterACarriedGraceOnAFastClockKeepsTheGrace(t *testing.T) {
+	dir := t.TempDir()
+	g := startRig(t, dir, rigOpts{shards: 1})
+	g.dial().acquire("h", "held", 600_000)
+	answered := g.clock.now()
+	g.crash()
+	g2 := startRig(t, dir, rigOpts{shards: 1, clock: g.clock})
+	g2.clock.Advance(time.Second)
+	if err := g2.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	opt := Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}
+	real := g.clock.now() + int64(time.Second)
+	now3 := real + int64(time.Hour)
+	r3, err := open(opt, env{clock: newFakeClock(now3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r3.Close() // crashed before its loops ran
+	now4 := now3 + int64(time.Second)
+	r4, err := open(opt, env{clock: newFakeClock(now4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r4.Close()
+	if left := answered + int64(600*time.Second) - (real + int64(time.Second)); r4.GraceUntil < now4+left {
+		t.Fatalf("the fourth run's grace ends %v after its start; the lease has %v left", time.Duration(max(0, r4.GraceUntil-now4)), time.Duration(left))
+	}
+}
+
+// A lease too long for its length in ns to fit an int64 is recorded as
+// the longest (saturated), not wrapped below the longest before: only an
+// embedder with limits wider than cmd/ticketd's (720 h) can grant one.
+func TestLeaseLongerThanNanosecondsHoldIsRecorded(t *testing.T) {
+	dir := t.TempDir()
+	limits := codec.Limits{MaxLeaseMs: 1 << 62, MaxWaitMs: 1000}
+	g := startRig(t, dir, rigOpts{limits: limits})
+	g.dial().acquire("o", "forever", 10_000_000_000_000)
+	g.crash()
+	g2 := startRig(t, dir, rigOpts{limits: limits, clock: g.clock})
+	if left := time.Duration(g2.r.GraceUntil - g.clock.now()); left < 24*time.Hour {
+		t.Fatalf("grace of %v after a crash, while a lease of 317 years runs", left)
+	}
+}
+
 // A clean restart whose wall clock reads fast: the snapshot's lease ends
 // are on the stopped run's clock, so each lease must keep what it had left
 // at the stop, counted from the restart.

@@ -462,6 +462,12 @@ func (r *Runner) load(ld loaded, now int64) error {
 	// least 1 ns, as 0 stands for an earlier version's dir.
 	st.MaxLease = max(st.MaxLease, 1)
 	st.SeqSnaps = true
+	// A grace past the ceiling read (a restart whose wall clock reads fast
+	// counts what the ceiling had left from now) covers leases that still
+	// run: the next crash must find it in the ceiling. Left to the ceiling
+	// loop's first round, a crash before it found a ceiling already passed
+	// and granted at once.
+	st.LeaseCeil = max(st.LeaseCeil, r.GraceUntil)
 	r.Clean = ld.snap != nil
 	if err := r.write(func(s *state) { *s = st }, ld.snap != nil); err != nil {
 		return fmt.Errorf("data dir %q: %w", r.opt.DataDir, err)
@@ -1176,12 +1182,21 @@ func (r *Runner) coverLeases(p *part) {
 			r.fail("cannot persist lease ceiling", err)
 		}
 	}
-	if l := int64(p.t.LongestLease()) * int64(time.Millisecond); l > r.maxLease.Load() {
+	if l := msToNs(p.t.LongestLease()); l > r.maxLease.Load() {
 		r.syncReserves.Add(1)
 		if err := r.raise(func(s *state) { s.MaxLease = max(s.MaxLease, l) }); err != nil {
 			r.fail("cannot persist the longest lease", err)
 		}
 	}
+}
+
+// msToNs is ms in ns, saturated: leases are ms, and an embedder's limits
+// may be wider than an int64 of ns holds.
+func msToNs(ms uint64) int64 {
+	if ms > math.MaxInt64/uint64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return int64(ms) * int64(time.Millisecond)
 }
 
 // ceilingLoop keeps both durable ceilings ahead of what the tables grant,
