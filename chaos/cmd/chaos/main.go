@@ -77,7 +77,7 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 		nems = strings.Split(nemeses, ",")
 	}
 	failed := false
-	var summary []string
+	var summary, again []string
 	for _, m := range modes {
 		if m == "cluster" && !serverproc.SupportsCluster(bin) {
 			msg := "cluster campaign SKIPPED: " + bin + " has no cluster mode (no --peers flag)"
@@ -113,8 +113,24 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 			summary = append(summary, fmt.Sprintf("%s: could not run: %v", cfg.Name, err))
 			continue
 		}
-		line := fmt.Sprintf("%s: %d operations, %d faults, %d violations, %d undecided, %d problems; report %s",
-			cfg.Name, len(o.History.Ops), len(o.History.Events), len(o.Check.Violations), len(o.Check.Undecided), len(o.Problems), o.Report)
+		line := fmt.Sprintf("%s: seed %d, %d operations, %d faults, %d violations, %d undecided, %d problems; report %s",
+			cfg.Name, seed, len(o.History.Ops), len(o.History.Events), len(o.Check.Violations), len(o.Check.Undecided), len(o.Problems), o.Report)
+		if o.Failed() {
+			// A CI log keeps only its tail, and the report stays on that
+			// machine: the schedule and the seed come last, to run it again.
+			a := fmt.Sprintf("%s failed; its faults:", cfg.Name)
+			for _, e := range o.History.Events {
+				a += fmt.Sprintf("\n  %v..%v %s: %s", time.Duration(e.Start).Round(time.Millisecond), time.Duration(e.End).Round(time.Millisecond), e.Kind, e.Detail)
+			}
+			flags := ""
+			if quick {
+				flags = " -quick"
+			}
+			if nemeses != "" {
+				flags += " -nemeses " + nemeses
+			}
+			again = append(again, a+fmt.Sprintf("\n  again: chaos%s -mode %s -seed %d -duration %v", flags, m, seed, cfg.Duration))
+		}
 		if err != nil {
 			line += "\n  ERROR writing the results: " + err.Error()
 		}
@@ -143,6 +159,9 @@ func run(mode string, quick bool, duration time.Duration, seed uint64, out, bin 
 	fmt.Println("== summary")
 	for _, s := range summary {
 		fmt.Println(s)
+	}
+	for _, a := range again {
+		fmt.Println(a)
 	}
 	if failed {
 		fmt.Println("FAILED")
