@@ -312,6 +312,24 @@ func TestCrashAfterASlowDiskKeepsTheGraceToTheLongestLease(t *testing.T) {
 	}
 }
 
+// The first lease longer than any before, which most often passes the
+// lease ceiling too, pays one synced write on the request path, not one for
+// each (it paid two: 5 s for a grant on a disk whose fsyncs took 2.5 s).
+func TestLongerLeaseThanAnyBeforePaysOneWrite(t *testing.T) {
+	g := startRig(t, t.TempDir(), rigOpts{})
+	c := g.dial()
+	c.acquire("o", "a", 1000)
+	var writes atomic.Int64
+	g.store.setSaveErr(func(state) error { writes.Add(1); return nil })
+	c.acquire("o", "b", 600_000)
+	if n := writes.Load(); n != 1 {
+		t.Fatalf("%d synced writes before the grant of a lease longer than any before, want 1", n)
+	}
+	if st := g.store.state(); st.MaxLease < int64(600*time.Second) {
+		t.Fatalf("longest lease on disk %v after a grant of 10 minutes", time.Duration(st.MaxLease))
+	}
+}
+
 // A late hand-over whose lease ceiling cannot be written stops trying once
 // the write has failed: the runner is failing, and the loop that moves the
 // lease on wrote again and again under the shard lock, its event loop

@@ -1176,17 +1176,16 @@ func (r *Runner) coverLeases(p *part) {
 	} else {
 		ahead = r.clock.ahead()
 	}
-	if satAdd(d, ahead) > r.leaseCeil.Load() {
-		r.syncReserves.Add(1)
-		if err := r.raiseLease(satAdd(d, satAdd(leaseStep, r.lastSave.Load()))); err != nil {
-			r.fail("cannot persist lease ceiling", err)
-		}
+	l := msToNs(p.t.LongestLease())
+	if satAdd(d, ahead) <= r.leaseCeil.Load() && l <= r.maxLease.Load() {
+		return
 	}
-	if l := msToNs(p.t.LongestLease()); l > r.maxLease.Load() {
-		r.syncReserves.Add(1)
-		if err := r.raise(func(s *state) { s.MaxLease = max(s.MaxLease, l) }); err != nil {
-			r.fail("cannot persist the longest lease", err)
-		}
+	// One synced write for both: the first lease longer than any before
+	// most often passes the ceiling too.
+	r.syncReserves.Add(1)
+	ceil := satAdd(satAdd(d, satAdd(leaseStep, r.lastSave.Load())), ahead)
+	if err := r.raise(func(s *state) { s.LeaseCeil, s.MaxLease = max(s.LeaseCeil, ceil), max(s.MaxLease, l) }); err != nil {
+		r.fail("cannot persist lease ceiling", err)
 	}
 }
 
