@@ -243,8 +243,8 @@ func (r *Runner) reserveTokens(next uint64) uint64 {
 // ceiling, which covers every lease granted, but no later than now plus the
 // longest lease granted in the dir (MaxLease, durable before its answer
 // left; and leaseStep, as a recovery waits): each of those leases was
-// answered before the crash, so it ends
-// within that of now, whatever the wall clock read when it was counted. A
+// answered before the crash, so it ends within that of now, whatever the
+// wall clock read when it was counted. A
 // run whose wall clock was far ahead (a host that booted a day fast, then
 // corrected) wrote its ceilings that far out, and the restart would
 // otherwise grant nothing for as long. The grace is waited out on this
@@ -453,8 +453,8 @@ func (r *Runner) load(ld loaded, now int64) error {
 	if st.MaxLease == 0 && !ld.fresh {
 		// A dir of an earlier version, which kept no --max-lease: the
 		// leases it granted end by its lease ceiling, so none has longer
-		// than that to run. Recorded as this run's --max-lease alone, a
-		// shorter one, the next crash's grace would end before them.
+		// than that to run. Recorded as this run's leases alone, shorter
+		// ones, the next crash's grace would end before them.
 		st.MaxLease = untilCeil(ld.st.LeaseCeil, now)
 	}
 	// Raised by the first grant longer than it (coverLeases), not to
@@ -1185,7 +1185,7 @@ func (r *Runner) coverLeases(p *part) {
 	r.syncReserves.Add(1)
 	ceil := satAdd(satAdd(d, satAdd(leaseStep, r.lastSave.Load())), ahead)
 	if err := r.raise(func(s *state) { s.LeaseCeil, s.MaxLease = max(s.LeaseCeil, ceil), max(s.MaxLease, l) }); err != nil {
-		r.fail("cannot persist lease ceiling", err)
+		r.fail("cannot persist the lease ceiling and the longest lease", err)
 	}
 }
 
