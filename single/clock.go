@@ -36,18 +36,21 @@ type wallClock struct {
 	// most is the largest step ahead of the wall clock seen by now, which
 	// reads it anyway (the request path does, once per batch), so that a
 	// grant after a step already finds it.
-	most atomic.Int64
+	most   atomic.Int64
+	offset int64 // see newWallClock
 }
 
-func newWallClock() *wallClock {
+// newWallClock reads the wall clock off by offset (tests only: a host whose
+// clock is wrong when the run starts).
+func newWallClock(offset time.Duration) *wallClock {
 	t := time.Now()
-	return &wallClock{start: t, base: t.UnixNano()}
+	return &wallClock{start: t, base: t.UnixNano() + int64(offset), offset: int64(offset)}
 }
 
 func (c *wallClock) now() int64 {
 	t := time.Now()
 	n := c.base + int64(t.Sub(c.start))
-	a := t.UnixNano() - n
+	a := t.UnixNano() + c.offset - n
 	for m := c.most.Load(); a > m+int64(time.Millisecond); m = c.most.Load() {
 		// A step: rare. Only ever larger, also when two reads race.
 		if c.most.CompareAndSwap(m, a) {

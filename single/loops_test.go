@@ -1013,3 +1013,15 @@ func TestCleanRestartMovesLeasesByTheDowntimeOnly(t *testing.T) {
 		t.Fatalf("token %d after the lease and the downtime ended, not above %d", got, tok)
 	}
 }
+
+// A run on a wall clock off by WallOffset (the fault campaign's restart on a
+// clock ahead) reads that clock from its start, and sees no step in it.
+func TestWallOffsetIsTheRunsClock(t *testing.T) {
+	c := newWallClock(time.Hour)
+	if d := time.Duration(c.now() - time.Now().UnixNano()); d < time.Hour-time.Second || d > time.Hour+time.Second {
+		t.Fatalf("the clock reads %v ahead, want an hour", d)
+	}
+	if a := c.ahead(); a != 0 {
+		t.Fatalf("a step of %v seen in a clock off from its start", time.Duration(a))
+	}
+}

@@ -53,6 +53,12 @@ type Options struct {
 	// restart above the current time in unix nanoseconds (and above any
 	// ceiling still readable). See RecoveryFloor.
 	RecoverDamaged bool
+
+	// WallOffset is FOR TESTS ONLY: the wall clock reads this much off for
+	// the whole run, as on a host whose clock is wrong when it starts (a
+	// fault campaign restarts on a clock ahead; Go reads time through the
+	// vDSO, so faketime cannot).
+	WallOffset time.Duration
 }
 
 const (
@@ -180,7 +186,7 @@ func open(opt Options, e env) (*Runner, error) {
 		opt.Logger = zap.NewNop()
 	}
 	if e.clock == nil {
-		e.clock = newWallClock()
+		e.clock = newWallClock(opt.WallOffset)
 	}
 	if e.tokenBlock == 0 {
 		e.tokenBlock = tokenBlock

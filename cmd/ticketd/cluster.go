@@ -46,9 +46,9 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.bootstrap, "bootstrap", false, "cluster mode: the first start of a new cluster, on empty data dirs (without it or --join, a node whose data dir holds no cluster state is refused); leave it out of later starts")
 	fs.Uint64Var(&c.snapshotEntries, "raft-snapshot-entries", 20000, "cluster mode: log entries per shard between snapshots (a lagging node catches up from the latest one)")
 	fs.IntVar(&c.maxQueued, "max-queued", replica.DefaultMaxQueued, "cluster mode: client requests this node holds on their way through the raft log; past it, connections with more than their share of it (it over the open connections) unanswered stop being read until it drains, and at twice it every connection")
-	fs.StringVar(&c.clockOffsetFile, "unsafe-test-clock-offset-file", "", "FOR TESTS ONLY: read a signed offset (e.g. -1.5s) from this file every 50ms and add it to the wall clock this node stamps and times leases by")
+	fs.StringVar(&c.clockOffsetFile, "unsafe-test-clock-offset-file", "", "FOR TESTS ONLY: read a signed offset (e.g. -1.5s) from this file and add it to the wall clock: in cluster mode every 50ms, to the clock this node stamps and times leases by; in single mode once, at the start, to the clock the run starts on")
 	fs.VisitAll(func(f *flag.Flag) {
-		if strings.HasPrefix(f.Usage, "cluster mode:") || f.Name == "unsafe-test-clock-offset-file" {
+		if strings.HasPrefix(f.Usage, "cluster mode:") {
 			c.names = append(c.names, f.Name)
 		}
 	})
@@ -142,21 +142,11 @@ type testClock struct {
 func newTestClock(file string, stop <-chan struct{}) (*testClock, error) {
 	c := &testClock{}
 	read := func() error {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return err
+		d, err := readClockOffset(file)
+		if err == nil {
+			c.off.Store(int64(d))
 		}
-		s := strings.TrimSpace(string(b))
-		if s == "" {
-			c.off.Store(0)
-			return nil
-		}
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return fmt.Errorf("--unsafe-test-clock-offset-file %s: %w", file, err)
-		}
-		c.off.Store(int64(d))
-		return nil
+		return err
 	}
 	if err := read(); err != nil {
 		return nil, err
@@ -177,6 +167,24 @@ func newTestClock(file string, stop <-chan struct{}) (*testClock, error) {
 }
 
 func (c *testClock) now() int64 { return time.Now().UnixNano() + c.off.Load() }
+
+// readClockOffset is the offset --unsafe-test-clock-offset-file holds (an
+// empty file: none).
+func readClockOffset(file string) (time.Duration, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("--unsafe-test-clock-offset-file %s: %w", file, err)
+	}
+	return d, nil
+}
 
 func (c *clusterFlags) options(cfg *config) replica.Options {
 	return replica.Options{

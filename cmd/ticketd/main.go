@@ -276,6 +276,14 @@ func saveAfterFailedStart(cfg *config, runner backend, log *zap.Logger) {
 
 // openSingle opens single mode's runner and says what the last run left.
 func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
+	var offset time.Duration
+	if f := cfg.cluster.clockOffsetFile; f != "" {
+		var err error
+		if offset, err = readClockOffset(f); err != nil {
+			return nil, err
+		}
+		log.Warn("the wall clock is offset from a file, for this run: for tests only", zap.String("file", f), zap.Duration("offset", offset))
+	}
 	runner, err := single.Open(single.Options{
 		DataDir:          cfg.dataDir,
 		Shards:           cfg.shards,
@@ -287,6 +295,7 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 		SweepObserver:    adm.sweeps(),
 		MaxLease:         cfg.maxLease,
 		RecoverDamaged:   cfg.recoverDamaged,
+		WallOffset:       offset,
 	})
 	if err != nil {
 		if errors.Is(err, single.ErrDamaged) {

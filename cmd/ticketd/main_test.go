@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -66,9 +68,8 @@ func TestDurationFlags(t *testing.T) {
 		{"max-lease", "721h"},
 		{"shutdown-timeout", "0s"},
 		{"send-buffer", "-1"},
-		// Cluster mode's flags, in single mode: a clock offset that does
-		// not apply would pass a test without testing anything.
-		{"unsafe-test-clock-offset-file", "/nonexistent"},
+		// Cluster mode's flags, in single mode: a skew that does not
+		// apply would pass a test without testing anything.
 		{"max-clock-skew", "1s"},
 		{"node-id", "1"},
 		{"raft-snapshot-entries", "100"},
@@ -130,5 +131,21 @@ func TestBadFlagValueIsOneLine(t *testing.T) {
 	stderr.Reset()
 	if _, err := parseConfig([]string{"--help"}, &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "-max-lease") {
 		t.Fatalf("--help: %v, wrote %q; want the flag list", err, stderr.String())
+	}
+}
+
+// Single mode takes the test clock's offset too, read once at its start:
+// the fault campaign restarts it on a wall clock ahead.
+func TestSingleModeReadsTheClockOffsetAtItsStart(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "clock")
+	if err := os.WriteFile(f, []byte("1h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseConfig([]string{"--unsafe-test-clock-offset-file", f}, io.Discard)
+	if err != nil {
+		t.Fatalf("single mode refused the clock offset file: %v", err)
+	}
+	if d, err := readClockOffset(cfg.cluster.clockOffsetFile); err != nil || d != time.Hour {
+		t.Fatalf("offset %v (%v), want 1h", d, err)
 	}
 }
