@@ -1,8 +1,10 @@
 package chaos
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,7 +23,7 @@ type node struct {
 	listen  string // client address (fixed, so restarts keep it)
 	admin   string
 	dataDir string
-	clock   string // offset file (cluster mode)
+	clock   string // offset file
 	args    []string
 	proc    *serverproc.Proc
 	paused  bool
@@ -54,8 +56,12 @@ func newSingle(bin, dir string, logf func(string, ...any)) (*target, error) {
 		return nil, err
 	}
 	t := &target{mode: "single", bin: bin, dir: dir, log: logf}
-	n := &node{id: 1, listen: addr, dataDir: filepath.Join(dir, "n1")}
-	n.args = serverproc.TicketdArgs(addr, n.dataDir, "--shards", strconv.Itoa(campaignShards), "--sweep-interval", "1s")
+	n := &node{id: 1, listen: addr, dataDir: filepath.Join(dir, "n1"), clock: filepath.Join(dir, "clock1")}
+	if err := os.WriteFile(n.clock, nil, 0o644); err != nil {
+		return nil, err
+	}
+	n.args = serverproc.TicketdArgs(addr, n.dataDir, "--shards", strconv.Itoa(campaignShards), "--sweep-interval", "1s",
+		"--unsafe-test-clock-offset-file", n.clock)
 	n.cmd = func() *exec.Cmd { return exec.Command(bin, n.args...) }
 	t.nodes = []*node{n}
 	return t, t.start(n)
@@ -238,7 +244,8 @@ func (t *target) slowFsync(id int, delay time.Duration) (stop func(), err error)
 	}, nil
 }
 
-// setClock writes the node's clock offset; the node reads it within 50 ms.
+// setClock writes the node's clock offset; a cluster node reads it within
+// 50 ms, single mode at its next start.
 func (t *target) setClock(id int, off time.Duration) error {
 	n := t.node(id)
 	tmp := n.clock + ".tmp"
@@ -286,6 +293,31 @@ func (t *target) leaders() map[int]int {
 
 // waitReady waits until every live, running node's /readyz is 200 (cluster
 // mode; single mode is ready once it listens).
+// granting waits until single mode grants a key of its own (the grace of an
+// earlier crash is over, so the workers hold leases again), up to timeout;
+// false if it did not.
+func (t *target) granting(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", t.nodes[0].listen, time.Second)
+		if err == nil {
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			r := bufio.NewReader(c)
+			_, err = c.Write([]byte("A chaos-probe chaos-probe 1 0\n"))
+			line := ""
+			if err == nil {
+				line, err = r.ReadString('\n')
+			}
+			c.Close()
+			if err == nil && strings.HasPrefix(line, "A ") {
+				return true
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
 func (t *target) waitReady(timeout time.Duration) error {
 	if t.mode != "cluster" {
 		return nil
