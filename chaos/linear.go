@@ -46,12 +46,14 @@ const ghost = math.MaxUint64 // a grant whose answer never arrived: token unknow
 const lostMargin = int64(100 * time.Millisecond)
 
 // crashGrace: after a kill -9 in single mode, no key is granted before the
-// lease ceiling stored before the process died, which runs up to 2 s (the
-// server's lease step) past the latest deadline it granted, nor before what
-// that ceiling had left at its write, counted from the restart (the
-// restart does not trust its wall clock): up to the longest lease plus 2 s
-// from the restart; plus a few ms between the server's clock readings and
-// the campaign's.
+// lease ceiling stored before the process died, which runs 2 s (the
+// server's lease step; on a slow disk also the last synced write's time)
+// past the latest deadline it granted, nor before what that ceiling had
+// left at its write, counted from the restart (the restart does not trust
+// its wall clock); but the grace never runs past the longest lease granted
+// plus 2 s from the restart (the server records that lease before its
+// answer); plus a few ms between the server's clock readings and the
+// campaign's.
 const crashGrace = int64(2*time.Second + 10*time.Millisecond)
 
 // clusterSlack: how long a cluster may take, on a loaded machine, from a
