@@ -27,8 +27,9 @@ const (
 	NemSlowFsync = "slow-fsync"
 	// NemCrashFastClock: single mode, kill -9, a restart on a wall clock
 	// ahead (a host back from a power cut, time not yet synced), and a
-	// second kill -9 within 300 ms of it, before the run's first ceiling
-	// round (a review found a double grant there).
+	// second kill -9 0-300 ms after it listens, often before the run's
+	// first ceiling round, 250 ms after its start (a review found a double
+	// grant there).
 	NemCrashFastClock = "crash-fast-clock"
 	// NemClockUnsafe breaks the lease promise's precondition on purpose (a
 	// node 2s ahead, four times --max-clock-skew): only on request, to show
