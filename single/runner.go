@@ -326,7 +326,7 @@ func (r *Runner) load(ld loaded, now int64) error {
 			st.LeaseCeil = max(st.LeaseCeil, satAdd(f.leaseEnd, leaseStep), f.grace)
 		}
 		// The grace waits out the whole ceiling, and so must the grace of
-		// a crash that comes before it ends, which --max-lease bounds.
+		// a crash that comes before it ends, which MaxLease caps.
 		st.MaxLease = max(st.MaxLease, untilCeil(st.LeaseCeil, now))
 	case ld.snap != nil:
 		if ld.st.Shards != 0 && int(ld.st.Shards) != n {
