@@ -142,7 +142,26 @@ func RunEtcdMutex(ctx context.Context, endpoints []string, l Load) (*Result, err
 			mu.Unlock()
 		})
 	}
+	// Mutex.Lock whose wait failed deletes its key with its client's own
+	// context, which has no deadline: sent to a stalled member, that
+	// delete waits for ever (CI saw a run held 15 minutes). Only closing
+	// the clients ends it, once the calls' time is up and a second more.
+	finished := make(chan struct{})
+	go func() {
+		select {
+		case <-finished:
+		case <-calls.Done():
+			select {
+			case <-finished:
+			case <-time.After(time.Second):
+				for _, c := range clients {
+					_ = c.Close()
+				}
+			}
+		}
+	}()
 	wg.Wait()
+	close(finished)
 	res.Window = time.Duration(end - winStart)
 	if firstErr != nil {
 		return res, firstErr
