@@ -858,12 +858,7 @@ func TestCrashGraceOnARestartWhoseClockReadsFast(t *testing.T) {
 
 	// Restarted 5 s later in real time, on a wall clock an hour fast.
 	now := testStart + int64(5*time.Second) + int64(time.Hour)
-	r, err := open(Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour},
-		env{clock: newFakeClock(now)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := restartOn(t, dir, now)
 	if !r.Crashed {
 		t.Fatal("not a crash restart")
 	}
@@ -871,6 +866,19 @@ func TestCrashGraceOnARestartWhoseClockReadsFast(t *testing.T) {
 		t.Errorf("grace of %v after the restart (GraceUntil %d, now %d); the lease answered before the crash has 595s left",
 			max(left, 0), r.GraceUntil, now)
 	}
+}
+
+// restartOn opens dir, of one shard, as a restart on a wall clock reading
+// at; the test's end closes it, or the caller at once, as a crash before
+// the run's loops ran.
+func restartOn(t *testing.T, dir string, at int64) *Runner {
+	t.Helper()
+	r, err := open(Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}, env{clock: newFakeClock(at)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
 }
 
 // A restart whose wall clock reads fast waits out a grace past the lease
@@ -886,20 +894,11 @@ func TestSecondCrashRightAfterAFastClockRestartKeepsTheGrace(t *testing.T) {
 	answered := g.clock.now()
 	g.crash()
 
-	opt := Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}
 	now := answered + int64(5*time.Second) + int64(time.Hour) // 5 s later, the clock an hour fast
-	r, err := open(opt, env{clock: newFakeClock(now)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = r.Close() // crashed before its loops ran
+	_ = restartOn(t, dir, now).Close()                        // crashed before its loops ran
 
 	now3 := now + int64(time.Second)
-	r3, err := open(opt, env{clock: newFakeClock(now3)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r3.Close()
+	r3 := restartOn(t, dir, now3)
 	if left := int64(600*time.Second) - int64(6*time.Second); r3.GraceUntil < now3+left {
 		t.Fatalf("the third run's grace ends %v after its start; the lease has %v left", time.Duration(max(0, r3.GraceUntil-now3)), time.Duration(left))
 	}
@@ -919,20 +918,11 @@ func TestCrashAfterACarriedGraceOnAFastClockKeepsTheGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	opt := Options{DataDir: dir, Shards: 1, SweepInterval: time.Hour, MaxLease: time.Hour}
 	real := g.clock.now() + int64(time.Second)
 	now3 := real + int64(time.Hour)
-	r3, err := open(opt, env{clock: newFakeClock(now3)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = r3.Close() // crashed before its loops ran
+	_ = restartOn(t, dir, now3).Close() // crashed before its loops ran
 	now4 := now3 + int64(time.Second)
-	r4, err := open(opt, env{clock: newFakeClock(now4)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r4.Close()
+	r4 := restartOn(t, dir, now4)
 	if left := answered + int64(600*time.Second) - (real + int64(time.Second)); r4.GraceUntil < now4+left {
 		t.Fatalf("the fourth run's grace ends %v after its start; the lease has %v left", time.Duration(max(0, r4.GraceUntil-now4)), time.Duration(left))
 	}
