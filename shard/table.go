@@ -679,10 +679,11 @@ func (t *Table) ShiftLeases(by int64) {
 // the latest one still held.
 func (t *Table) MaxDeadline() int64 { return t.maxDeadline }
 
-// LongestLease is the longest lease, in ms, this table has granted since it
-// was made: single mode keeps a durable bound on it, so that a crash's
-// grace need not outlast it. Not state: no answer depends on it.
-func (t *Table) LongestLease() uint64 { return t.longest }
+// LongestLease is the longest lease, in ns (saturated), this table has
+// granted since it was made: single mode keeps a durable bound on it, so
+// that a crash's grace need not outlast it. Not state: no answer depends
+// on it.
+func (t *Table) LongestLease() int64 { return addMs(0, t.longest) }
 
 // Extend moves the lease of key's grant token to end no earlier than
 // deadline: single mode's answer to a hand-over that leaves late (see

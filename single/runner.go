@@ -1182,7 +1182,7 @@ func (r *Runner) coverLeases(p *part) {
 	} else {
 		ahead = r.clock.ahead()
 	}
-	l := msToNs(p.t.LongestLease())
+	l := p.t.LongestLease()
 	if satAdd(d, ahead) <= r.leaseCeil.Load() && l <= r.maxLease.Load() {
 		return
 	}
@@ -1193,15 +1193,6 @@ func (r *Runner) coverLeases(p *part) {
 	if err := r.raise(func(s *state) { s.LeaseCeil, s.MaxLease = max(s.LeaseCeil, ceil), max(s.MaxLease, l) }); err != nil {
 		r.fail("cannot persist the lease ceiling and the longest lease", err)
 	}
-}
-
-// msToNs is ms in ns, saturated: leases are ms, and an embedder's limits
-// may be wider than an int64 of ns holds.
-func msToNs(ms uint64) int64 {
-	if ms > math.MaxInt64/uint64(time.Millisecond) {
-		return math.MaxInt64
-	}
-	return int64(ms) * int64(time.Millisecond)
 }
 
 // ceilingLoop keeps both durable ceilings ahead of what the tables grant,
