@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ticketd/ticketd/codec"
 	"github.com/ticketd/ticketd/internal/serverproc"
 )
 
@@ -302,14 +303,17 @@ func (t *target) granting(timeout time.Duration) bool {
 		c, err := net.DialTimeout("tcp", t.nodes[0].listen, time.Second)
 		if err == nil {
 			_ = c.SetDeadline(time.Now().Add(time.Second))
-			r := bufio.NewReader(c)
-			_, err = c.Write([]byte("A chaos-probe chaos-probe 1 0\n"))
-			line := ""
+			var line []byte
+			_, err = c.Write(codec.AppendAcquire(nil, []byte("chaos-probe"), []byte("chaos-probe"), 1, 0))
 			if err == nil {
-				line, err = r.ReadString('\n')
+				line, err = bufio.NewReader(c).ReadSlice('\n')
+			}
+			var a codec.Answer
+			if err == nil {
+				_, err = codec.ParseAnswer(line, &a)
 			}
 			c.Close()
-			if err == nil && strings.HasPrefix(line, "A ") {
+			if err == nil && a.Kind == 'A' {
 				return true
 			}
 		}
