@@ -54,6 +54,13 @@ type Options struct {
 	// ceiling still readable). See RecoveryFloor.
 	RecoverDamaged bool
 
+	// StallTimeout is how long a synced write of the state may take before
+	// the runner is not Ready (a stalled disk: grants that wait on it hold
+	// their event loop); the state is also written again after half of it
+	// without a write, so that a disk that stalls while the server is idle
+	// shows too. 0: 5s.
+	StallTimeout time.Duration
+
 	// WallOffset is FOR TESTS ONLY: the wall clock reads this much off for
 	// the whole run, as on a host whose clock is wrong when it starts (a
 	// fault campaign restarts on a clock ahead; Go reads time through the
@@ -122,6 +129,11 @@ type Runner struct {
 	// lastSave is how long the last synced write of the state took, on the
 	// runner's clock (see coverLeases).
 	lastSave atomic.Int64
+	// saving is when the synced write of the state in flight began, and
+	// saved when the last one ended, on the runner's clock; 0: none.
+	saving, saved atomic.Int64
+	stallMu       sync.Mutex
+	stallSaid     bool // under stallMu: the write in flight was logged as stalled
 	// SyncReserves counts ceilings written on the request path because the
 	// background had not kept ahead (a lease longer than any before, a
 	// burst of grants).
@@ -190,6 +202,9 @@ func open(opt Options, e env) (*Runner, error) {
 	}
 	if e.tokenBlock == 0 {
 		e.tokenBlock = tokenBlock
+	}
+	if opt.StallTimeout <= 0 {
+		opt.StallTimeout = 5 * time.Second
 	}
 	now := e.clock.now()
 	st, ld, err := openStore(opt.DataDir, opt.RecoverDamaged, opt.MaxLease, now)
@@ -585,10 +600,22 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 	next.Seq = r.st.Seq + 1
 	start := r.clock.now()
 	next.Written = satAdd(start, r.clock.ahead()) // on the next run's clock, as LeaseCeil
-	if err := r.store.save(next); err != nil {
+	r.saving.Store(max(start, 1))
+	err := r.store.save(next)
+	end := r.clock.now()
+	r.stallMu.Lock()
+	r.saving.Store(0)
+	said := r.stallSaid
+	r.stallSaid = false
+	r.stallMu.Unlock()
+	r.saved.Store(end)
+	if said {
+		r.log.Info("the synced write of the state that stalled has ended", zap.Duration("took", time.Duration(end-start)), zap.Error(err))
+	}
+	if err != nil {
 		return err
 	}
-	r.lastSave.Store(max(0, r.clock.now()-start))
+	r.lastSave.Store(max(0, end-start))
 	r.st = next
 	r.tokenCeil.Store(next.TokenCeil)
 	r.leaseCeil.Store(next.LeaseCeil)
@@ -690,6 +717,22 @@ func (r *Runner) Err() error {
 	}
 }
 
+// Ready is false while a synced write of the state has taken longer than
+// StallTimeout (its disk stalls: the grants that wait on it hold their
+// event loop, and every connection on it), and once the runner has failed.
+func (r *Runner) Ready() bool {
+	return r.Err() == nil && r.stalled(r.clock.now()) == 0
+}
+
+// stalled is how long the synced write in flight has taken at now, if
+// StallTimeout or more; 0 otherwise.
+func (r *Runner) stalled(now int64) time.Duration {
+	if at := r.saving.Load(); at != 0 && now-at >= int64(r.opt.StallTimeout) {
+		return time.Duration(now - at)
+	}
+	return 0
+}
+
 // GraceLeft is how much is left of a crash grace, in which every acquire
 // of a key not restored answers T (0: none, or over).
 func (r *Runner) GraceLeft() time.Duration {
@@ -717,10 +760,35 @@ func (r *Runner) Attach(srv *netloop.Server) {
 }
 
 func (r *Runner) start() {
-	r.wg.Add(3)
+	r.wg.Add(4)
 	go r.timerLoop()
 	go r.sweepLoop()
 	go r.ceilingLoop()
+	go r.stallLoop()
+}
+
+// stallLoop says in the log when a synced write of the state has stalled
+// (the writer cannot: it waits on the disk).
+func (r *Runner) stallLoop() {
+	defer r.wg.Done()
+	every := r.opt.StallTimeout / 4
+	t := r.clock.newTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C():
+		}
+		r.stallMu.Lock()
+		if d := r.stalled(r.clock.now()); d > 0 && !r.stallSaid {
+			r.stallSaid = true
+			r.log.Warn("a synced write of the state has not ended: not ready until it does; grants that wait on it hold their event loop and its connections (the disk stalls?)",
+				zap.Duration("for", d), zap.Duration("stall_timeout", r.opt.StallTimeout), zap.String("data_dir", r.store.path()))
+		}
+		r.stallMu.Unlock()
+		t.Reset(every)
+	}
 }
 
 // part is the shard that holds key.
@@ -1245,6 +1313,14 @@ func (r *Runner) ceilingLoop() {
 		if satAddU(last, block/2) > r.tokenCeil.Load() {
 			if err := r.raise(func(s *state) { s.TokenCeil = max(s.TokenCeil, satAddU(last, block)) }); err != nil {
 				r.fail("cannot persist token reservation", err)
+			}
+		}
+		// Idle, nothing is written: a disk that stalls meanwhile would
+		// show only when a grant waits on it. The same state again,
+		// synced, shows it in Ready first.
+		if r.clock.now()-r.saved.Load() >= int64(r.opt.StallTimeout/2) {
+			if err := r.write(func(*state) {}, true); err != nil {
+				r.fail("cannot persist the state", err)
 			}
 		}
 		t.Reset(time.Duration(leaseStep / 8))

@@ -295,6 +295,7 @@ func openSingle(cfg *config, log *zap.Logger, adm *admin) (backend, error) {
 		SweepObserver:    adm.sweeps(),
 		MaxLease:         cfg.maxLease,
 		RecoverDamaged:   cfg.recoverDamaged,
+		StallTimeout:     cfg.cluster.unavailableTimeout,
 		WallOffset:       offset,
 	})
 	if err != nil {

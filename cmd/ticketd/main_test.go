@@ -68,6 +68,7 @@ func TestDurationFlags(t *testing.T) {
 		{"max-lease", "721h"},
 		{"shutdown-timeout", "0s"},
 		{"send-buffer", "-1"},
+		{"unavailable-timeout", "50ms"}, // both modes: /readyz's stall timeout
 		// Cluster mode's flags, in single mode: a skew that does not
 		// apply would pass a test without testing anything.
 		{"max-clock-skew", "1s"},
@@ -101,6 +102,7 @@ func TestDurationFlags(t *testing.T) {
 		{"--max-lease", "720h"},
 		{"--max-lease", "1ms", "--max-wait", "1ms"},
 		{"--max-wait", "2562047h"},
+		{"--unavailable-timeout", "2s"}, // single mode's /readyz on a stalled disk
 	} {
 		c, err := parseConfig(args, io.Discard)
 		if err != nil {
