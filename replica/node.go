@@ -207,6 +207,13 @@ type Node struct {
 	reconnected map[string]bool
 	closing     atomic.Bool
 	closeOnce   sync.Once
+	// probeLoop's: when its write in flight began (monoNow; 0: none), and
+	// whether the last one failed; probeSaid under probeMu: the write in
+	// flight was logged as stalled.
+	probing     atomic.Int64
+	probeFailed atomic.Bool
+	probeMu     sync.Mutex
+	probeSaid   bool
 	stop        chan struct{}
 	wg          sync.WaitGroup
 	timerKick   chan struct{} // capacity 1: see timerLoop
@@ -523,12 +530,13 @@ func (n *Node) Attach(srv *netloop.Server) {
 		go g.proposer()
 		g.kickNow()
 	}
-	n.wg.Add(5)
+	n.wg.Add(6)
 	go n.timerLoop()
 	go n.balanceLoop()
 	go n.membersLoop()
 	go n.quorumLoop()
 	go n.reapLoop()
+	go n.probeLoop()
 	if n.opt.Join || n.dir.id.Join {
 		n.wg.Add(1)
 		go n.every(joinWarnEvery, n.joinWatch())
@@ -1952,6 +1960,7 @@ func (n *Node) quorumLoop() {
 	var ids []uint64
 	var crowdSaid, removedSaid time.Time
 	n.every(quiet, func() {
+		n.sayProbeStall()
 		if time.Since(removedSaid) >= 5*time.Minute && n.unledWithPeers() {
 			removedSaid = time.Now()
 			n.log.Warn("no shard of this node has had a leader for "+unledFor.String()+" although its peers' raft ports answer: "+
@@ -2240,10 +2249,11 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 // it started: a rolling restart may take the next node down), while it
 // knows a leader for every shard, has no proposal given up on the clock
 // still without a result (stalled: its disk or raft step stalls), and is
-// neither stopping (it no longer carries out what it reads) nor failed. A
-// node that stalls while idle is told so by its next request.
+// neither stopping (it no longer carries out what it reads) nor failed.
+// While its shards are quiet, a write to its data dir stands in for the
+// proposals (probeLoop).
 func (n *Node) Ready() bool {
-	if n.closing.Load() || n.Err() != nil {
+	if n.closing.Load() || n.Err() != nil || n.probeFailed.Load() || n.probeStalled() > 0 {
 		return false
 	}
 	for _, g := range n.grps {

@@ -124,6 +124,43 @@ func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
 	}
 }
 
+// A node whose disk stalls while its shards are quiet is not ready once a
+// write to its data dir has taken the unavailable timeout, without a
+// client's request having to wait it out first (before, it stayed ready
+// until one did), and is ready again once its disk comes back; the others
+// stay ready throughout.
+func TestClusterIdleStalledDiskIsNotReady(t *testing.T) {
+	const unavailable = time.Second
+	c, disk := stallingCluster(t, unavailable)
+	a := c.dial(0)
+	a.send("A a k 60000 0")
+	a.expect("A 1 a k")
+	a.send("R 1 k")
+	a.expect("R 1 k")
+
+	disk.start()
+	stalled := time.Now()
+	for deadline := stalled.Add(10 * unavailable); c.nodes[0].Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still ready %v into a stall of its disk, with no request", time.Since(stalled))
+		}
+	}
+	if d := time.Since(stalled); d < unavailable {
+		t.Fatalf("not ready %v into the stall, before the unavailable timeout (%v)", d, unavailable)
+	}
+	for i := 1; i < 3; i++ {
+		if !c.nodes[i].Ready() {
+			t.Fatalf("node %d not ready, with only node 1's disk stalled", i+1)
+		}
+	}
+	disk.end()
+	for deadline := time.Now().Add(20 * time.Second); !c.nodes[0].Ready(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready again after its disk came back")
+		}
+	}
+}
+
 // A request whose attempt comes late (here it waited out a hold of its shard
 // for most of the unavailable timeout) and then meets a stalled disk is
 // answered within the timeout and twice Dragonboat's own after that
