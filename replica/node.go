@@ -1146,7 +1146,7 @@ func (g *group) announce() bool {
 			}
 			return true
 		}
-		n.mismatch(g, set, by)
+		n.mismatch(g, set, by, at)
 	}
 	g.mu.Lock()
 	conns := g.conns
@@ -1237,10 +1237,14 @@ func (n *Node) takeLimits(l limits, shard int, by uint32) {
 // mismatch stops the node: its settings are not the cluster's. Its data dir
 // takes the cluster's shard count, which a start checks, so that it starts
 // again with the cluster's flags.
-func (n *Node) mismatch(g *group, set settings, by uint32) {
+func (n *Node) mismatch(g *group, set settings, by uint32, at int64) {
 	n.failOnce.Do(func() {
-		err := fmt.Errorf("this node was started with %s, but the cluster runs with %s (shard %d's log has them from node %d): every node must run with the same, or replicas would answer differently; start this node again with the cluster's",
-			n.settings(), set, g.idx, by)
+		from := fmt.Sprintf("node %d's start", by)
+		if at != 0 {
+			from = fmt.Sprintf("a change of limits through node %d (POST /cluster/limits) at %s", by, time.Unix(0, at).UTC().Format(time.RFC3339))
+		}
+		err := fmt.Errorf("this node was started with %s, but the cluster runs with %s (shard %d's log has them from %s): every node must run with the same, or replicas would answer differently; start this node again with the cluster's",
+			n.settings(), set, g.idx, from)
 		if werr := n.dir.adopt(set.shards); werr != nil {
 			err = fmt.Errorf("%w (and its data dir could not take the shard count: %v)", err, werr)
 		}

@@ -149,6 +149,8 @@ func TestClusterLimitsChangeWhileItRuns(t *testing.T) {
 	}
 	if err := c.nodes[2].Err(); err == nil || !strings.Contains(err.Error(), "--max-keys 4") {
 		t.Fatalf("Err() = %v: does not name the cluster's limits", err)
+	} else if !strings.Contains(err.Error(), "a change of limits through node 2") {
+		t.Fatalf("Err() = %v: does not say the limits came from the change made through node 2", err)
 	}
 	c.stop(2)
 	c.opt.MaxKeys = 4
@@ -336,7 +338,7 @@ func TestNodeStoppingForItsSettingsHandsLeadershipOver(t *testing.T) {
 	c := newTestClusterWith(t, shards, func(o *Options) { o.ElectionRTT = 200 })
 	c.waitLeads([]int{0, 1, 2, 0, 1, 2}, 20*time.Second)
 	n := c.nodes[0]
-	n.mismatch(n.grps[0], settings{shards: shards, limits: limits{MaxKeys: 1}}, 2)
+	n.mismatch(n.grps[0], settings{shards: shards, limits: limits{MaxKeys: 1}}, 2, 0)
 	// As ticketd's abort does: no more requests, then close.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
