@@ -131,9 +131,12 @@ type Runner struct {
 	lastSave atomic.Int64
 	// saving is when the synced write of the state in flight began, and
 	// saved when the last one ended, on the runner's clock; 0: none.
+	// slowLast: the last one took StallTimeout or more. stallSaid, under
+	// stallMu: the runner was logged as stalled and not yet as ready again.
 	saving, saved atomic.Int64
+	slowLast      atomic.Bool
 	stallMu       sync.Mutex
-	stallSaid     bool // under stallMu: the write in flight was logged as stalled
+	stallSaid     bool
 	// SyncReserves counts ceilings written on the request path because the
 	// background had not kept ahead (a lease longer than any before, a
 	// burst of grants).
@@ -603,14 +606,16 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 	r.saving.Store(max(start, 1))
 	err := r.store.save(next)
 	end := r.clock.now()
+	slow := end-start >= int64(r.opt.StallTimeout)
 	r.stallMu.Lock()
 	r.saving.Store(0)
-	said := r.stallSaid
-	r.stallSaid = false
+	r.slowLast.Store(slow)
+	back := r.stallSaid && !slow
+	r.stallSaid = r.stallSaid && slow
 	r.stallMu.Unlock()
 	r.saved.Store(end)
-	if said {
-		r.log.Info("the synced write of the state that stalled has ended", zap.Duration("took", time.Duration(end-start)), zap.Error(err))
+	if back {
+		r.log.Info("a synced write of the state took less than the stall timeout again: ready", zap.Duration("took", time.Duration(end-start)), zap.Error(err))
 	}
 	if err != nil {
 		return err
@@ -717,11 +722,13 @@ func (r *Runner) Err() error {
 	}
 }
 
-// Ready is false while a synced write of the state has taken longer than
-// StallTimeout (its disk stalls: the grants that wait on it hold their
-// event loop, and every connection on it), and once the runner has failed.
+// Ready is false while a synced write of the state has taken StallTimeout
+// or more (its disk stalls: the grants that wait on it hold their event
+// loop, and every connection on it), or the last one took that long (a
+// disk that slow on every write would make it flap), and once the runner
+// has failed.
 func (r *Runner) Ready() bool {
-	return r.Err() == nil && r.stalled(r.clock.now()) == 0
+	return r.Err() == nil && !r.slowLast.Load() && r.stalled(r.clock.now()) == 0
 }
 
 // stalled is how long the synced write in flight has taken at now, if
@@ -781,10 +788,10 @@ func (r *Runner) stallLoop() {
 		case <-t.C():
 		}
 		r.stallMu.Lock()
-		if d := r.stalled(r.clock.now()); d > 0 && !r.stallSaid {
+		if d := r.stalled(r.clock.now()); (d > 0 || r.slowLast.Load()) && !r.stallSaid {
 			r.stallSaid = true
-			r.log.Warn("a synced write of the state has not ended: not ready until it does; grants that wait on it hold their event loop and its connections (the disk stalls?)",
-				zap.Duration("for", d), zap.Duration("stall_timeout", r.opt.StallTimeout), zap.String("data_dir", r.store.path()))
+			r.log.Warn("a synced write of the state has taken the stall timeout or more: not ready until one takes less; grants that wait on one hold their event loop and its connections (the disk stalls?)",
+				zap.Duration("in_flight_for", d), zap.Duration("stall_timeout", r.opt.StallTimeout), zap.String("data_dir", r.store.path()))
 		}
 		r.stallMu.Unlock()
 		t.Reset(every)
@@ -1520,7 +1527,15 @@ func (r *Runner) Quiesce() {
 // safely.
 func (r *Runner) Shutdown(ctx context.Context) error {
 	r.Quiesce()
-	r.stopLoops()
+	// A loop can wait on a stalled disk (the ceiling loop's writes): ctx
+	// bounds that too. The store stays open under it; the process exits.
+	stopped := make(chan struct{})
+	go func() { r.stopLoops(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		return fmt.Errorf("the runner's loops did not stop in time, waiting on a synced write to data dir %q: %w", r.store.path(), ctx.Err())
+	}
 	if err := r.Err(); err != nil {
 		_ = r.store.close()
 		return fmt.Errorf("not writing a snapshot after a failed write: %w", err)
