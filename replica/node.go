@@ -208,16 +208,17 @@ type Node struct {
 	closing     atomic.Bool
 	closeOnce   sync.Once
 	// probeLoop's: when its write in flight began (monoNow; 0: none), and
-	// whether the last one failed; probeSaid under probeMu: the write in
-	// flight was logged as stalled.
-	probing     atomic.Int64
-	probeFailed atomic.Bool
-	probeMu     sync.Mutex
-	probeSaid   bool
-	stop        chan struct{}
-	wg          sync.WaitGroup
-	timerKick   chan struct{} // capacity 1: see timerLoop
-	reapKick    chan struct{} // capacity 1: a peer's connection failed (see reapLoop)
+	// whether the last one failed or took an unavailable timeout or more;
+	// probeSaid under probeMu: the node was logged as not ready for it, and
+	// not yet as ready again.
+	probing   atomic.Int64
+	probeBad  atomic.Bool
+	probeMu   sync.Mutex
+	probeSaid bool
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	timerKick chan struct{} // capacity 1: see timerLoop
+	reapKick  chan struct{} // capacity 1: a peer's connection failed (see reapLoop)
 	// An operator's Replace or SetLimits uses the NodeHost from outside the
 	// node's goroutines: see enter.
 	useMu    sync.RWMutex
@@ -2257,7 +2258,7 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 // While its shards are quiet, a write to its data dir stands in for the
 // proposals (probeLoop).
 func (n *Node) Ready() bool {
-	if n.closing.Load() || n.Err() != nil || n.probeFailed.Load() || n.probeStalled() > 0 {
+	if n.closing.Load() || n.Err() != nil || n.probeBad.Load() || n.probeStalled() > 0 {
 		return false
 	}
 	for _, g := range n.grps {

@@ -18,8 +18,8 @@ const probeName = "disk-probe"
 // proposals that go that long without a result, but a node whose disk
 // stalls while its shards are quiet has none: it stayed ready until a
 // client's request had waited out the timeout. A probe that has taken an
-// unavailable timeout, or failed, makes the node not ready until one ends
-// well.
+// unavailable timeout, or failed, makes the node not ready until one takes
+// less; until then it probes busy or not (commits alone would not clear it).
 func (n *Node) probeLoop() {
 	every := n.opt.UnavailableTimeout / 2
 	fs := n.opt.fs
@@ -28,25 +28,30 @@ func (n *Node) probeLoop() {
 	}
 	path := filepath.Join(n.opt.DataDir, probeName)
 	n.every(every, func() {
-		for _, g := range n.grps {
-			if sinceMono(g.lastOK.Load()) < every {
-				return // the raft log was written and synced since
+		if !n.probeBad.Load() {
+			for _, g := range n.grps {
+				if sinceMono(g.lastOK.Load()) < every {
+					return // the raft log was written and synced since
+				}
 			}
 		}
 		start := monoNow()
 		n.probing.Store(start)
 		err := probe(fs, path, start)
+		took := sinceMono(start)
+		bad := err != nil || took >= n.opt.UnavailableTimeout
 		n.probeMu.Lock()
 		n.probing.Store(0)
-		said := n.probeSaid
-		n.probeSaid = false
+		n.probeBad.Store(bad)
+		was := n.probeSaid
+		n.probeSaid = bad
 		n.probeMu.Unlock()
-		failed := n.probeFailed.Swap(err != nil)
 		switch {
-		case err != nil && !failed:
-			n.log.Warn("a synced write to the data dir failed: this node is not ready until one succeeds", zap.Error(err))
-		case err == nil && (failed || said):
-			n.log.Info("a synced write to the data dir succeeded again", zap.Duration("took", sinceMono(start)))
+		case bad && !was:
+			n.log.Warn("a synced write to the data dir failed or took the unavailable timeout or more: this node is not ready until one takes less",
+				zap.Duration("took", took), zap.Error(err))
+		case !bad && was:
+			n.log.Info("a synced write to the data dir took less than the unavailable timeout again: ready", zap.Duration("took", took))
 		}
 	})
 }
@@ -80,14 +85,14 @@ func (n *Node) probeStalled() time.Duration {
 	return 0
 }
 
-// sayProbeStall logs a probe that has stalled, once (probeLoop cannot: it
-// waits on the disk).
+// sayProbeStall logs a probe that has stalled, once until one takes less
+// (probeLoop cannot: it waits on the disk).
 func (n *Node) sayProbeStall() {
 	n.probeMu.Lock()
 	defer n.probeMu.Unlock()
 	if d := n.probeStalled(); d > 0 && !n.probeSaid {
 		n.probeSaid = true
-		n.log.Warn("a synced write to the data dir has not ended: this node is not ready until it does (its disk stalls?)",
+		n.log.Warn("a synced write to the data dir has taken the unavailable timeout or more: this node is not ready until one takes less (its disk stalls?)",
 			zap.Duration("for", d), zap.Duration("unavailable_timeout", n.opt.UnavailableTimeout), zap.String("data_dir", n.opt.DataDir))
 	}
 }

@@ -2,6 +2,8 @@ package replica
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,13 @@ import (
 type stall struct {
 	mu    sync.Mutex
 	until chan struct{} // closed when the stall ends; nil: no stall
+	slow  time.Duration // every Sync takes this much longer
+}
+
+func (s *stall) setSlow(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow = d
 }
 
 func (s *stall) start() {
@@ -41,11 +50,12 @@ func (s *stall) MaybeError(op vfs.Op) error {
 		return nil
 	}
 	s.mu.Lock()
-	ch := s.until
+	ch, d := s.until, s.slow
 	s.mu.Unlock()
 	if ch != nil {
 		<-ch
 	}
+	time.Sleep(d)
 	return nil
 }
 
@@ -127,8 +137,9 @@ func TestClusterStalledDiskAnswersUnavailable(t *testing.T) {
 // A node whose disk stalls while its shards are quiet is not ready once a
 // write to its data dir has taken the unavailable timeout, without a
 // client's request having to wait it out first (before, it stayed ready
-// until one did), and is ready again once its disk comes back; the others
-// stay ready throughout.
+// until one did), and is ready again once a write takes less; the others
+// stay ready throughout. A disk that slow on every write keeps it not
+// ready, without flapping.
 func TestClusterIdleStalledDiskIsNotReady(t *testing.T) {
 	const unavailable = time.Second
 	c, disk := stallingCluster(t, unavailable)
@@ -153,11 +164,50 @@ func TestClusterIdleStalledDiskIsNotReady(t *testing.T) {
 			t.Fatalf("node %d not ready, with only node 1's disk stalled", i+1)
 		}
 	}
+	disk.setSlow(2 * unavailable)
 	disk.end()
+	for end := time.Now().Add(3 * unavailable); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if c.nodes[0].Ready() {
+			t.Fatal("ready between writes that each take longer than the unavailable timeout")
+		}
+	}
+	disk.setSlow(0)
 	for deadline := time.Now().Add(20 * time.Second); !c.nodes[0].Ready(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("not ready again after its disk came back")
 		}
+	}
+}
+
+// A probe that failed keeps being made while the node is busy, so that the
+// node is ready again once one succeeds: skipped while its own proposals
+// commit, it left the node not ready for as long as traffic lasted (a
+// review: 6 s of steady traffic after the fault had gone).
+func TestClusterProbeThatFailedIsMadeAgainWhileBusy(t *testing.T) {
+	const unavailable = time.Second
+	c := newTestClusterWith(t, 1, func(o *Options) { o.UnavailableTimeout = unavailable })
+	p := filepath.Join(c.dirs[0], probeName)
+	_ = os.Remove(p)
+	if err := os.Mkdir(p, 0o755); err != nil { // the probe's create fails
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * unavailable); c.nodes[0].Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("still ready with every write to its data dir failing")
+		}
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	a := c.dial(0)
+	fixed := time.Now()
+	for i := 0; !c.nodes[0].Ready(); i++ {
+		if time.Since(fixed) > 4*unavailable {
+			t.Fatalf("not ready %v into steady traffic after the fault went away", time.Since(fixed))
+		}
+		a.send(fmt.Sprintf("A a k%d 500 0", i))
+		a.expectGrant("a", fmt.Sprintf("k%d", i))
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
