@@ -608,14 +608,18 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 	end := r.clock.now()
 	slow := end-start >= int64(r.opt.StallTimeout)
 	r.stallMu.Lock()
-	r.saving.Store(0)
+	// slowLast before saving: Ready, which reads them the other way
+	// round, never sees neither.
 	r.slowLast.Store(slow)
-	back := r.stallSaid && !slow
-	r.stallSaid = r.stallSaid && slow
+	r.saving.Store(0)
+	back := r.stallSaid && !slow && err == nil // a failed write fails the runner
+	if back {
+		r.stallSaid = false
+	}
 	r.stallMu.Unlock()
 	r.saved.Store(end)
 	if back {
-		r.log.Info("a synced write of the state took less than the stall timeout again: ready", zap.Duration("took", time.Duration(end-start)), zap.Error(err))
+		r.log.Info("a synced write of the state took less than --unavailable-timeout again: ready", zap.Duration("took", time.Duration(end-start)))
 	}
 	if err != nil {
 		return err
@@ -728,7 +732,7 @@ func (r *Runner) Err() error {
 // disk that slow on every write would make it flap), and once the runner
 // has failed.
 func (r *Runner) Ready() bool {
-	return r.Err() == nil && !r.slowLast.Load() && r.stalled(r.clock.now()) == 0
+	return r.Err() == nil && r.stalled(r.clock.now()) == 0 && !r.slowLast.Load()
 }
 
 // stalled is how long the synced write in flight has taken at now, if
@@ -788,12 +792,14 @@ func (r *Runner) stallLoop() {
 		case <-t.C():
 		}
 		r.stallMu.Lock()
-		if d := r.stalled(r.clock.now()); (d > 0 || r.slowLast.Load()) && !r.stallSaid {
-			r.stallSaid = true
-			r.log.Warn("a synced write of the state has taken the stall timeout or more: not ready until one takes less; grants that wait on one hold their event loop and its connections (the disk stalls?)",
-				zap.Duration("in_flight_for", d), zap.Duration("stall_timeout", r.opt.StallTimeout), zap.String("data_dir", r.store.path()))
-		}
+		d := r.stalled(r.clock.now())
+		say := (d > 0 || r.slowLast.Load()) && !r.stallSaid
+		r.stallSaid = r.stallSaid || say
 		r.stallMu.Unlock()
+		if say {
+			r.log.Warn("a synced write of the state has taken --unavailable-timeout or more: not ready until one takes less; grants that wait on one hold their event loop and its connections (the disk stalls?)",
+				zap.Duration("in_flight_for", d), zap.Duration("unavailable_timeout", r.opt.StallTimeout), zap.String("data_dir", r.store.path()))
+		}
 		t.Reset(every)
 	}
 }
@@ -1325,7 +1331,7 @@ func (r *Runner) ceilingLoop() {
 		// Idle, nothing is written: a disk that stalls meanwhile would
 		// show only when a grant waits on it. The same state again,
 		// synced, shows it in Ready first.
-		if r.clock.now()-r.saved.Load() >= int64(r.opt.StallTimeout/2) {
+		if r.clock.now()-r.saved.Load() >= int64(r.opt.StallTimeout/2) && !r.closing.Load() && !r.isFailed.Load() {
 			if err := r.write(func(*state) {}, true); err != nil {
 				r.fail("cannot persist the state", err)
 			}
@@ -1528,7 +1534,8 @@ func (r *Runner) Quiesce() {
 func (r *Runner) Shutdown(ctx context.Context) error {
 	r.Quiesce()
 	// A loop can wait on a stalled disk (the ceiling loop's writes): ctx
-	// bounds that too. The store stays open under it; the process exits.
+	// bounds that too. The store is left open, a write may still be in
+	// it; the caller exits, and the next start recovers as after a crash.
 	stopped := make(chan struct{})
 	go func() { r.stopLoops(); close(stopped) }()
 	select {

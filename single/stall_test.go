@@ -63,10 +63,10 @@ func TestStalledDiskMakesAnIdleRunnerNotReady(t *testing.T) {
 		t.Fatalf("not ready %v into the stall, before the stall timeout (%v)", d, stall)
 	}
 	stalledLog := func() int {
-		return logs.FilterMessageSnippet("a synced write of the state has taken the stall timeout or more").Len()
+		return logs.FilterMessageSnippet("a synced write of the state has taken --unavailable-timeout or more").Len()
 	}
 	readyLog := func() int {
-		return logs.FilterMessageSnippet("a synced write of the state took less than the stall timeout again").Len()
+		return logs.FilterMessageSnippet("a synced write of the state took less than --unavailable-timeout again").Len()
 	}
 	waitFor(t, 10*time.Second, "the stall in the log", func() bool { return stalledLog() == 1 })
 
