@@ -1240,9 +1240,10 @@ func (n *Node) takeLimits(l limits, shard int, by uint32) {
 // again with the cluster's flags.
 func (n *Node) mismatch(g *group, set settings, by uint32, at int64) {
 	n.failOnce.Do(func() {
-		from := fmt.Sprintf("node %d's start", by)
+		// A change of limits by a version that did not stamp them has at 0.
+		from := fmt.Sprintf("node %d's start, or a change of limits by an earlier version", by)
 		if at != 0 {
-			from = fmt.Sprintf("a change of limits through node %d (POST /cluster/limits) at %s", by, time.Unix(0, at).UTC().Format(time.RFC3339))
+			from = fmt.Sprintf("a change of limits (POST /cluster/limits) through node %d at %s", by, time.Unix(0, at).UTC().Format(time.RFC3339))
 		}
 		err := fmt.Errorf("this node was started with %s, but the cluster runs with %s (shard %d's log has them from %s): every node must run with the same, or replicas would answer differently; start this node again with the cluster's",
 			n.settings(), set, g.idx, from)
@@ -2256,9 +2257,10 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 // still without a result (stalled: its disk or raft step stalls), and is
 // neither stopping (it no longer carries out what it reads) nor failed.
 // While its shards are quiet, a write to its data dir stands in for the
-// proposals (probeLoop).
+// proposals (probeLoop); one that failed or took an unavailable timeout,
+// or has been in flight that long, makes it not ready while busy too.
 func (n *Node) Ready() bool {
-	if n.closing.Load() || n.Err() != nil || n.probeBad.Load() || n.probeStalled() > 0 {
+	if n.closing.Load() || n.Err() != nil || n.probeStalled() > 0 || n.probeBad.Load() {
 		return false
 	}
 	for _, g := range n.grps {

@@ -41,8 +41,10 @@ func (n *Node) probeLoop() {
 		took := sinceMono(start)
 		bad := err != nil || took >= n.opt.UnavailableTimeout
 		n.probeMu.Lock()
-		n.probing.Store(0)
+		// probeBad before probing: Ready, which reads them the other way
+		// round, never sees neither.
 		n.probeBad.Store(bad)
+		n.probing.Store(0)
 		was := n.probeSaid
 		n.probeSaid = bad
 		n.probeMu.Unlock()
@@ -89,9 +91,11 @@ func (n *Node) probeStalled() time.Duration {
 // (probeLoop cannot: it waits on the disk).
 func (n *Node) sayProbeStall() {
 	n.probeMu.Lock()
-	defer n.probeMu.Unlock()
-	if d := n.probeStalled(); d > 0 && !n.probeSaid {
-		n.probeSaid = true
+	d := n.probeStalled()
+	say := d > 0 && !n.probeSaid
+	n.probeSaid = n.probeSaid || say
+	n.probeMu.Unlock()
+	if say {
 		n.log.Warn("a synced write to the data dir has taken the unavailable timeout or more: this node is not ready until one takes less (its disk stalls?)",
 			zap.Duration("for", d), zap.Duration("unavailable_timeout", n.opt.UnavailableTimeout), zap.String("data_dir", n.opt.DataDir))
 	}

@@ -149,7 +149,7 @@ func TestClusterLimitsChangeWhileItRuns(t *testing.T) {
 	}
 	if err := c.nodes[2].Err(); err == nil || !strings.Contains(err.Error(), "--max-keys 4") {
 		t.Fatalf("Err() = %v: does not name the cluster's limits", err)
-	} else if !strings.Contains(err.Error(), "a change of limits through node 2") {
+	} else if !strings.Contains(err.Error(), "a change of limits (POST /cluster/limits) through node 2 at ") {
 		t.Fatalf("Err() = %v: does not say the limits came from the change made through node 2", err)
 	}
 	c.stop(2)
