@@ -39,7 +39,8 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.peersFlag, "peers", "", "cluster mode: every node's raft address by id, as 1=host:port,2=host:port,3=host:port (this node's included); off: single mode")
 	fs.UintVar(&c.nodeID, "node-id", 0, "cluster mode: this node's id among --peers")
 	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", 500*time.Millisecond, "cluster mode: the most node clocks may differ (half of it for holders that count their lease from its answer); a lease ends this long after its deadline on the leader's clock")
-	fs.DurationVar(&c.unavailableTimeout, "unavailable-timeout", 5*time.Second, "in cluster mode, how long a request may wait for a shard without quorum before its connection gets E unavailable (four election timeouts where the node knows no leader for the shard, if less); in both modes, /readyz answers 503 while a synced write to the data dir has taken longer (a stalled disk)")
+	// Not "cluster mode:" first: that prefix makes a flag cluster-only.
+	fs.DurationVar(&c.unavailableTimeout, "unavailable-timeout", 5*time.Second, "in cluster mode, how long a request may wait for a shard without quorum before its connection gets E unavailable (four election timeouts where the node knows no leader for the shard, if less); in both modes, /readyz answers 503 once a synced write to the data dir has taken this long or failed (a stalled disk), until one takes less")
 	fs.DurationVar(&c.raftRTT, "raft-rtt", 10*time.Millisecond, "cluster mode: the raft tick (a round trip between nodes, or more)")
 	fs.UintVar(&c.electionRTT, "election-rtt", 30, "cluster mode: election timeout in raft ticks")
 	fs.BoolVar(&c.join, "join", false, "cluster mode: this node replaces a lost one and joins the existing shards (README: replacing a node); only on its first start")
