@@ -292,8 +292,6 @@ func (t *target) leaders() map[int]int {
 	return nil
 }
 
-// waitReady waits until every live, running node's /readyz is 200 (cluster
-// mode; single mode is ready once it listens).
 // granting waits until single mode grants a key of its own (the grace of an
 // earlier crash is over, so the workers hold leases again), up to timeout;
 // false if it did not.
@@ -322,6 +320,8 @@ func (t *target) granting(timeout time.Duration) bool {
 	return false
 }
 
+// waitReady waits until every live, running node's /readyz is 200 (cluster
+// mode; single mode is ready once it listens).
 func (t *target) waitReady(timeout time.Duration) error {
 	if t.mode != "cluster" {
 		return nil

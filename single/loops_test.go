@@ -846,15 +846,25 @@ func TestCrashGraceAfterAFastClockEndsWithinTheLongestLease(t *testing.T) {
 	}
 }
 
+// heldAtCrash is a data dir whose run granted a 10-minute lease and was
+// killed (kill -9, or a power cut) right after its answer; the rig, for its
+// clock, and when the answer left.
+func heldAtCrash(t *testing.T) (dir string, g *rig, answered int64) {
+	t.Helper()
+	dir = t.TempDir()
+	g = startRig(t, dir, rigOpts{shards: 1})
+	g.dial().acquire("h", "held", 600_000)
+	answered = g.clock.now()
+	g.crash()
+	return dir, g, answered
+}
+
 // A restart whose wall clock reads fast (a host back from a power cut with
 // its clock ahead, time not yet synced) reads the lease ceiling as passed:
 // the grace must still last what the leases had left at the crash, counted
 // on this run's own clock from its start.
 func TestCrashGraceOnARestartWhoseClockReadsFast(t *testing.T) {
-	dir := t.TempDir()
-	g := startRig(t, dir, rigOpts{shards: 1})
-	g.dial().acquire("h", "held", 600_000) // 10 minutes, answered
-	g.crash()                              // kill -9, or a power cut, right after
+	dir, _, _ := heldAtCrash(t)
 
 	// Restarted 5 s later in real time, on a wall clock an hour fast.
 	now := testStart + int64(5*time.Second) + int64(time.Hour)
@@ -888,11 +898,7 @@ func restartOn(t *testing.T, dir string, at int64) *Runner {
 // ceiling already passed: the third run granted at once a key whose
 // 10-minute lease, answered 6 s before, still ran.
 func TestSecondCrashRightAfterAFastClockRestartKeepsTheGrace(t *testing.T) {
-	dir := t.TempDir()
-	g := startRig(t, dir, rigOpts{shards: 1})
-	g.dial().acquire("h", "held", 600_000)
-	answered := g.clock.now()
-	g.crash()
+	dir, _, answered := heldAtCrash(t)
 
 	now := answered + int64(5*time.Second) + int64(time.Hour) // 5 s later, the clock an hour fast
 	_ = restartOn(t, dir, now).Close()                        // crashed before its loops ran
@@ -907,11 +913,7 @@ func TestSecondCrashRightAfterAFastClockRestartKeepsTheGrace(t *testing.T) {
 // The same with the grace carried over by a clean shutdown: the run after
 // it, on a clock an hour fast, and a crash before its ceiling loop ran.
 func TestCrashAfterACarriedGraceOnAFastClockKeepsTheGrace(t *testing.T) {
-	dir := t.TempDir()
-	g := startRig(t, dir, rigOpts{shards: 1})
-	g.dial().acquire("h", "held", 600_000)
-	answered := g.clock.now()
-	g.crash()
+	dir, g, answered := heldAtCrash(t)
 	g2 := startRig(t, dir, rigOpts{shards: 1, clock: g.clock})
 	g2.clock.Advance(time.Second)
 	if err := g2.shutdown(context.Background()); err != nil {

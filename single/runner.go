@@ -131,10 +131,9 @@ type Runner struct {
 	lastSave atomic.Int64
 	// saving is when the synced write of the state in flight began, and
 	// saved when the last one ended, on the runner's clock; 0: none.
-	// slowLast: the last one took StallTimeout or more. stallSaid, under
-	// stallMu: the runner was logged as stalled and not yet as ready again.
+	// stallSaid, under stallMu: the runner was logged as stalled and not
+	// yet as ready again.
 	saving, saved atomic.Int64
-	slowLast      atomic.Bool
 	stallMu       sync.Mutex
 	stallSaid     bool
 	// SyncReserves counts ceilings written on the request path because the
@@ -606,13 +605,14 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 	r.saving.Store(max(start, 1))
 	err := r.store.save(next)
 	end := r.clock.now()
-	slow := end-start >= int64(r.opt.StallTimeout)
+	if err == nil {
+		// Before saving is cleared: Ready, which reads them the other way
+		// round, never sees neither a write in flight nor a slow last one.
+		r.lastSave.Store(max(0, end-start))
+	}
 	r.stallMu.Lock()
-	// slowLast before saving: Ready, which reads them the other way
-	// round, never sees neither.
-	r.slowLast.Store(slow)
 	r.saving.Store(0)
-	back := r.stallSaid && !slow && err == nil // a failed write fails the runner
+	back := r.stallSaid && err == nil && !r.slowLast() // a failed write fails the runner
 	if back {
 		r.stallSaid = false
 	}
@@ -624,7 +624,6 @@ func (r *Runner) writeStateLocked(change func(*state), always, lower bool) error
 	if err != nil {
 		return err
 	}
-	r.lastSave.Store(max(0, end-start))
 	r.st = next
 	r.tokenCeil.Store(next.TokenCeil)
 	r.leaseCeil.Store(next.LeaseCeil)
@@ -732,8 +731,11 @@ func (r *Runner) Err() error {
 // disk that slow on every write would make it flap), and once the runner
 // has failed.
 func (r *Runner) Ready() bool {
-	return r.Err() == nil && r.stalled(r.clock.now()) == 0 && !r.slowLast.Load()
+	return r.Err() == nil && r.stalled(r.clock.now()) == 0 && !r.slowLast()
 }
+
+// slowLast: the last synced write of the state took StallTimeout or more.
+func (r *Runner) slowLast() bool { return r.lastSave.Load() >= int64(r.opt.StallTimeout) }
 
 // stalled is how long the synced write in flight has taken at now, if
 // StallTimeout or more; 0 otherwise.
@@ -778,12 +780,11 @@ func (r *Runner) start() {
 	go r.stallLoop()
 }
 
-// stallLoop says in the log when a synced write of the state has stalled
-// (the writer cannot: it waits on the disk).
-func (r *Runner) stallLoop() {
+// every runs fn every d on the runner's clock until the stop; the next
+// period starts when fn returns.
+func (r *Runner) every(d time.Duration, fn func()) {
 	defer r.wg.Done()
-	every := r.opt.StallTimeout / 4
-	t := r.clock.newTimer(every)
+	t := r.clock.newTimer(d)
 	defer t.Stop()
 	for {
 		select {
@@ -791,17 +792,25 @@ func (r *Runner) stallLoop() {
 			return
 		case <-t.C():
 		}
+		fn()
+		t.Reset(d)
+	}
+}
+
+// stallLoop says in the log when a synced write of the state has stalled
+// (the writer cannot: it waits on the disk).
+func (r *Runner) stallLoop() {
+	r.every(r.opt.StallTimeout/4, func() {
 		r.stallMu.Lock()
 		d := r.stalled(r.clock.now())
-		say := (d > 0 || r.slowLast.Load()) && !r.stallSaid
+		say := (d > 0 || r.slowLast()) && !r.stallSaid
 		r.stallSaid = r.stallSaid || say
 		r.stallMu.Unlock()
 		if say {
 			r.log.Warn("a synced write of the state has taken --unavailable-timeout or more: not ready until one takes less; grants that wait on one hold their event loop and its connections (the disk stalls?)",
 				zap.Duration("in_flight_for", d), zap.Duration("unavailable_timeout", r.opt.StallTimeout), zap.String("data_dir", r.store.path()))
 		}
-		t.Reset(every)
-	}
+	})
 }
 
 // part is the shard that holds key.
@@ -1284,16 +1293,8 @@ func (r *Runner) coverLeases(p *part) {
 // token ceiling is raised a block above the highest token once less than
 // half a block is left.
 func (r *Runner) ceilingLoop() {
-	defer r.wg.Done()
 	var aheadLogged int64
-	t := r.clock.newTimer(time.Duration(leaseStep / 8))
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-t.C():
-		}
+	r.every(time.Duration(leaseStep/8), func() {
 		var d, grace int64
 		var last uint64
 		for _, p := range r.parts {
@@ -1336,8 +1337,7 @@ func (r *Runner) ceilingLoop() {
 				r.fail("cannot persist the state", err)
 			}
 		}
-		t.Reset(time.Duration(leaseStep / 8))
-	}
+	})
 }
 
 // satAdd is a+b for b >= 0, saturating at the largest int64.
@@ -1476,15 +1476,7 @@ func (r *Runner) earliest() int64 {
 }
 
 func (r *Runner) sweepLoop() {
-	defer r.wg.Done()
-	t := r.clock.newTimer(r.opt.SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-t.C():
-		}
+	r.every(r.opt.SweepInterval, func() {
 		start := time.Now()
 		removed := 0
 		for _, p := range r.parts {
@@ -1501,8 +1493,7 @@ func (r *Runner) sweepLoop() {
 		if removed > 0 {
 			r.log.Debug("sweep", zap.Int("removed", removed), zap.Duration("took", time.Since(start)))
 		}
-		t.Reset(r.opt.SweepInterval)
-	}
+	})
 }
 
 // Quiesce stops applying requests and answers every queued acquire with T

@@ -11,6 +11,66 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
+// stallDisk holds the runner's synced writes of the state at will: while
+// stalled, each waits until the stall ends, and each takes slow longer.
+type stallDisk struct {
+	mu      sync.Mutex
+	until   chan struct{} // closed when the stall ends; nil: no stall
+	slow    time.Duration
+	entered chan struct{} // a write met the stall (capacity 1)
+}
+
+func (s *stallDisk) save(state) error {
+	s.mu.Lock()
+	ch, d := s.until, s.slow
+	s.mu.Unlock()
+	if ch != nil {
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+		<-ch
+	}
+	time.Sleep(d)
+	return nil
+}
+
+func (s *stallDisk) start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.until == nil {
+		s.until = make(chan struct{})
+	}
+}
+
+// end ends the stall; the writes then take slow longer each.
+func (s *stallDisk) end(slow time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.until != nil {
+		close(s.until)
+		s.until = nil
+	}
+	s.slow = slow
+}
+
+// stallingRunner is a started runner of one shard on a disk that stalls at
+// will, with the stall timeout given. The stall ends before its Close,
+// which waits for a write the stall holds.
+func stallingRunner(t *testing.T, timeout time.Duration, log *zap.Logger) (*Runner, *stallDisk) {
+	t.Helper()
+	disk := &stallDisk{entered: make(chan struct{}, 1)}
+	r, err := open(Options{DataDir: t.TempDir(), Shards: 1, StallTimeout: timeout, Logger: log}, env{
+		wrapStore: func(d durable) durable { return &faultStore{durable: d, saveErr: disk.save} },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.start()
+	t.Cleanup(func() { disk.end(0); _ = r.Close() })
+	return r, disk
+}
+
 // A disk that stalls makes the runner not ready once a synced write of the
 // state has taken StallTimeout, and ready again once one takes less; an
 // idle runner writes the state again after half of it, so that the stall
@@ -19,44 +79,13 @@ import (
 // disk that slow on every write keeps it not ready, without flapping.
 func TestStalledDiskMakesAnIdleRunnerNotReady(t *testing.T) {
 	const stall = 300 * time.Millisecond
-	var (
-		mu      sync.Mutex
-		blocked chan struct{} // non-nil: saves wait for it to close
-		slow    time.Duration // each save takes this much longer
-	)
 	core, logs := observer.New(zap.InfoLevel)
-	r, err := open(Options{DataDir: t.TempDir(), Shards: 1, StallTimeout: stall, Logger: zap.New(core)}, env{
-		wrapStore: func(d durable) durable {
-			f := &faultStore{durable: d}
-			f.saveErr = func(state) error {
-				mu.Lock()
-				ch, d := blocked, slow
-				mu.Unlock()
-				if ch != nil {
-					<-ch
-				}
-				time.Sleep(d)
-				return nil
-			}
-			return f
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.start()
-	defer func() { _ = r.Close() }()
+	r, disk := stallingRunner(t, stall, zap.New(core))
 	if !r.Ready() {
 		t.Fatal("not ready at the start")
 	}
 
-	ch := make(chan struct{})
-	var unblock sync.Once
-	disk := func() { unblock.Do(func() { close(ch) }) }
-	defer disk() // before Close, which waits for a write the stall holds
-	mu.Lock()
-	blocked = ch
-	mu.Unlock()
+	disk.start()
 	stalled := time.Now()
 	waitFor(t, 10*time.Second, "not ready with an idle runner's disk stalled", func() bool { return !r.Ready() })
 	if d := time.Since(stalled); d < stall {
@@ -71,10 +100,7 @@ func TestStalledDiskMakesAnIdleRunnerNotReady(t *testing.T) {
 	waitFor(t, 10*time.Second, "the stall in the log", func() bool { return stalledLog() == 1 })
 
 	// The disk comes back slow: every write takes longer than the timeout.
-	mu.Lock()
-	blocked, slow = nil, 2*stall
-	mu.Unlock()
-	disk()
+	disk.end(2 * stall)
 	for end := time.Now().Add(8 * stall); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if r.Ready() {
 			t.Fatal("ready between writes that each take longer than the stall timeout")
@@ -84,9 +110,7 @@ func TestStalledDiskMakesAnIdleRunnerNotReady(t *testing.T) {
 		t.Fatalf("the stall logged %d times, want once", n)
 	}
 
-	mu.Lock()
-	slow = 0
-	mu.Unlock()
+	disk.end(0)
 	waitFor(t, 10*time.Second, "ready again after the disk came back", r.Ready)
 	waitFor(t, 10*time.Second, "the stall's end in the log", func() bool { return readyLog() == 1 })
 }
@@ -104,36 +128,10 @@ func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
 // ceiling loop's (an idle runner's): before, it waited on the loops
 // unbounded, and only the caller's own guard ended the wait.
 func TestShutdownOnAStalledDiskEndsWithItsContext(t *testing.T) {
-	const stall = 200 * time.Millisecond
-	block := make(chan struct{})
-	var unblock sync.Once
-	disk := func() { unblock.Do(func() { close(block) }) }
-	entered := make(chan struct{}, 1)
-	stalled := false
-	r, err := open(Options{DataDir: t.TempDir(), Shards: 1, StallTimeout: stall}, env{
-		wrapStore: func(d durable) durable {
-			f := &faultStore{durable: d}
-			f.saveErr = func(state) error {
-				if stalled {
-					select {
-					case entered <- struct{}{}:
-					default:
-					}
-					<-block
-				}
-				return nil
-			}
-			return f
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stalled = true // after open's own write; read by the ceiling loop only from here
-	r.start()
-	defer func() { disk(); r.stopLoops(); _ = r.store.close() }()
+	r, disk := stallingRunner(t, 200*time.Millisecond, zap.NewNop())
+	disk.start()
 	select {
-	case <-entered:
+	case <-disk.entered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no idle write of the state")
 	}
