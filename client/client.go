@@ -58,6 +58,12 @@ type Lock struct {
 	// one: keep a margin.
 	Deadline time.Time
 
+	// keep is the other bound: the latest the lease can still run on the
+	// server (keepFor from its A's arrival). Until then a release whose
+	// connection broke is worth sending again; Deadline, which leaves out
+	// the time a grant waited queued, may have passed long before.
+	keep time.Time
+
 	// The owner the acquire was sent with: the AcquireAs name, or the
 	// client id prefix and the sequence of a generated owner. Kept in parts
 	// so that an Acquire costs no allocation; Owner joins them on request.
@@ -187,7 +193,7 @@ func (cl *Client) sendLate() {
 	for _, s := range cl.slots {
 		s.lateMu.Lock()
 		for _, r := range s.late {
-			if now.Before(r.until) {
+			if now.Before(r.keep) {
 				out = codec.AppendRelease(out, r.token, []byte(r.key))
 			}
 		}
@@ -245,6 +251,14 @@ func releasedOn(addr string, out []byte, deadline time.Time) bool {
 // time left, so that the server gives up too. If ctx ends while the acquire
 // is still queued, Acquire returns at once; should the grant arrive later,
 // the client releases it by itself, so no lock is left behind.
+//
+// A grant that waited in the queue may come with its Deadline near, or
+// even past: Deadline leaves out the time the acquire waited while its
+// connection carried nothing else (see Lock.Deadline), since the client
+// cannot tell it from a delay of the answer. A holder that acts on
+// Deadline needs a lease longer than the wait and the work together: then
+// the Deadline of a grant at any moment of the wait leaves time for the
+// work.
 func (cl *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (Lock, error) {
 	return cl.acquire(ctx, "", key, lease, wait)
 }
@@ -253,7 +267,10 @@ func (cl *Client) Acquire(ctx context.Context, key string, lease, wait time.Dura
 // generated one, for owners that people read (logs, admin views). The owner
 // must be unique among the acquires of key this client has in flight on one
 // connection (answers are matched by owner and key); an acquire that would
-// clash fails with ErrInvalid. Names that start with the client id and a dot
+// clash fails with ErrInvalid. One whose caller gave up (its ctx ended) while
+// the server queued it stays in flight until the server answers it, at the
+// latest when its wait passes: a new AcquireAs under the same owner and key
+// clashes with it until then. Names that start with the client id and a dot
 // are reserved for generated owners.
 func (cl *Client) AcquireAs(ctx context.Context, owner, key string, lease, wait time.Duration) (Lock, error) {
 	if !validField(owner, codec.MaxOwner) {
@@ -341,7 +358,7 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 		return Lock{}, c.err
 	case c.res == 'A':
 		l := Lock{Key: c.key, Token: c.resToken, owner: c.owner,
-			Deadline: c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)}
+			Deadline: c.start.Add(time.Duration(c.leaseMs) * time.Millisecond), keep: c.keep}
 		if c.owner == "" {
 			l.owner, l.seq = cl.idPrefix, c.seq
 		}
@@ -363,16 +380,17 @@ func (cl *Client) acquired(c *call) (Lock, error) {
 //
 // If the connection breaks before the answer (a cluster node failed, or
 // answered E unavailable), the release is sent again on another connection,
-// or if none is up when its own connection is back, while l.Deadline has not
-// passed, so that a node's failure does not leave the lock held to the end
-// of its lease. A copy's N that arrives before l.Deadline means that the
-// first one released the key (or, in single mode, that a restart forgot the
-// holder, whose lease the server's grace period still keeps), and Release
-// returns nil for it as for R. A *ConnError with an unknown outcome comes
-// only when no connection came up before the Deadline, the copy's N came
-// after it (the lease may have ended, and the key gone on, first), or the
-// client was closed (a Lock made by hand without a Deadline is never sent
-// again).
+// or if none is up when its own connection is back, while the lease may
+// still run on the server (for a Lock from this client, up to twice the
+// lease and 10 s after its A arrived; for one made by hand, to l.Deadline),
+// so that a node's failure does not leave the lock held to the end of its
+// lease. A copy's N that arrives before l.Deadline means that the first one
+// released the key (or, in single mode, that a restart forgot the holder,
+// whose lease the server's grace period still keeps), and Release returns
+// nil for it as for R. A *ConnError with an unknown outcome comes only when
+// no connection came up in time, the copy's N came after l.Deadline (the
+// lease may have ended, and the key gone on, first), or the client was
+// closed (a Lock made by hand without a Deadline is never sent again).
 func (cl *Client) Release(ctx context.Context, l Lock) error {
 	if err := checkLock(l); err != nil {
 		return err
@@ -418,8 +436,8 @@ func released(c *call) error {
 // if the release cannot be queued (ErrInvalid, ErrClosed, or a *ConnError
 // when no connection is up); what the server answers is not reported. A
 // release queued when its connection breaks goes out on another one; if
-// none is up, when its own connection is back, unless l.Deadline passes first
-// (then the lease has ended by itself). A later Acquire of
+// none is up, when its own connection is back, unless the lease has ended
+// by then (as Release judges it). A later Acquire of
 // the same key by this client goes out after it on the same connection, so
 // it is not refused by the lock it just gave up (unless that connection
 // breaks in between, or, in cluster mode, the key's shard changes leader
@@ -463,9 +481,9 @@ func (cl *Client) AcquireFunc(key string, lease, wait time.Duration, fn func(Loc
 // ReleaseFunc is Release in the manner of AcquireFunc: it queues the release
 // of l and returns at once, and fn gets the outcome Release would return,
 // under the same rules, but one: a release held for the next connection
-// after a break that fails at the lock's Deadline, with no connection up by
-// then, reaches fn on a timer's goroutine (at Close, on the connection's,
-// before Close returns).
+// after a break that fails when the lease has ended (as Release judges it),
+// with no connection up by then, reaches fn on a timer's goroutine (at
+// Close, on the connection's, before Close returns).
 func (cl *Client) ReleaseFunc(l Lock, fn func(error)) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil func", ErrInvalid)
@@ -497,7 +515,10 @@ func (cl *Client) queueRelease(l Lock, noWait bool, fn func(error)) (*call, erro
 	}
 	c := getCall()
 	c.kind, c.internal, c.key, c.token, c.onRelease = 'R', noWait, l.Key, l.Token, fn
-	c.until = l.Deadline
+	c.until, c.keep = l.Deadline, l.keep
+	if c.keep.IsZero() { // a Lock made by hand: its Deadline is all there is
+		c.keep = l.Deadline
+	}
 	if err := cl.submitOrFail(c); err != nil {
 		putCall(c)
 		return nil, err
@@ -572,7 +593,8 @@ type call struct {
 	waitMs   uint64
 	token    uint64
 	sent     time.Time // when the batch holding the request was written
-	until    time.Time // release: the lock's Deadline, before which a lost copy is sent again
+	until    time.Time // release: the lock's Deadline, before which a copy's N means released
+	keep     time.Time // release: the lock's keep, before which a lost copy is sent again; acquire: set with an A
 	resent   bool      // release: sent again after its connection broke unanswered
 
 	// AcquireFunc and ReleaseFunc: called with the outcome instead of

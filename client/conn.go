@@ -62,7 +62,7 @@ type slot struct {
 
 	// held are releases to send again (see resend) that found no other
 	// connection up: the slot's next connection sends them, and heldTimer
-	// fails those whose lock's Deadline passes first.
+	// fails those whose lock's keep passes first.
 	held      []*call
 	heldTimer *time.Timer
 
@@ -111,7 +111,7 @@ type slot struct {
 type lateRelease struct {
 	token uint64
 	key   string
-	until time.Time // the lock's Deadline: past it there is nothing to release
+	keep  time.Time // the lock's keep: past it there is nothing to release
 }
 
 // namedKey finds an AcquireAs call by its owner and key: a struct of the
@@ -450,7 +450,7 @@ func (s *slot) overdue(now time.Time, limit time.Duration) bool {
 
 // resend hands a release that the broken connection left unanswered to
 // another connection, or if none is up to the slot's next one (holding it
-// until then), while the lock's lease still runs by its Deadline. A
+// until then), while the lock's lease may still run (its keep). A
 // node that fails (or answers E unavailable) between a release and its
 // answer would otherwise leave the lock held until its lease ends, and its
 // waiters waiting. Sending it again is safe: a token releases its key once,
@@ -469,14 +469,14 @@ func (s *slot) resend(c *call) bool {
 	return s.cl.submit(c, s) || s.hold(c)
 }
 
-// mayResend tells whether c is a release whose lock's Deadline has not
-// passed, on a client still open.
+// mayResend tells whether c is a release whose lock's keep has not passed,
+// on a client still open.
 func (s *slot) mayResend(c *call) bool {
-	return c.kind == 'R' && !c.until.IsZero() && time.Now().Before(c.until) && !s.cl.closed.Load()
+	return c.kind == 'R' && !c.keep.IsZero() && time.Now().Before(c.keep) && !s.cl.closed.Load()
 }
 
 // hold keeps release c for the slot's next connection, while its lock's
-// Deadline has not passed; false if it has, or the client is closed.
+// keep has not passed; false if it has, or the client is closed.
 func (s *slot) hold(c *call) bool {
 	if !s.mayResend(c) {
 		return false
@@ -488,12 +488,12 @@ func (s *slot) hold(c *call) bool {
 	return true
 }
 
-// armHeld sets heldTimer for the earliest Deadline among held. Under s.mu.
+// armHeld sets heldTimer for the earliest keep among held. Under s.mu.
 func (s *slot) armHeld() {
 	var first time.Time
 	for _, c := range s.held {
-		if first.IsZero() || c.until.Before(first) {
-			first = c.until
+		if first.IsZero() || c.keep.Before(first) {
+			first = c.keep
 		}
 	}
 	if s.heldTimer != nil {
@@ -505,10 +505,10 @@ func (s *slot) armHeld() {
 	}
 }
 
-// failHeld fails the held releases whose Deadline has passed (all of them
+// failHeld fails the held releases whose keep has passed (all of them
 // with all set: the client is closing) with an unknown outcome, as the
 // first copy's break left it.
-// heldDue fails the held releases whose Deadline passed, on heldTimer's
+// heldDue fails the held releases whose keep passed, on heldTimer's
 // goroutine. Close waits for it (cl.wg) as for the connections' goroutines,
 // so that no ReleaseFunc func is called after Close returns: counted under
 // s.mu while the client is open, before the slot's run goroutine can end
@@ -535,7 +535,7 @@ func (s *slot) failHeld(all bool) {
 	kept := s.held[:0]
 	now := time.Now()
 	for _, c := range s.held {
-		if all || !now.Before(c.until) {
+		if all || !now.Before(c.keep) {
 			due = append(due, c)
 		} else {
 			kept = append(kept, c)
@@ -559,7 +559,7 @@ func (s *slot) failHeld(all bool) {
 }
 
 // sendHeld queues the held releases on the connection just up; the ones
-// whose Deadline passed meanwhile fail.
+// whose keep passed meanwhile fail.
 func (s *slot) sendHeld() {
 	s.failHeld(false)
 	s.mu.Lock()
@@ -579,7 +579,7 @@ func (s *slot) sendHeld() {
 // connection, or fails it with err as not sent. A release sent again (see
 // resend), whose first copy's outcome is unknown, and one that nobody waits
 // for (ReleaseNoWait, or a late grant's) are held for the next connection
-// instead, while their lock's Deadline has not passed.
+// instead, while their lock's keep has not passed.
 func (s *slot) failUnsent(err error) {
 	c := s.head.Swap(closedCall)
 	if c == closedCall {
@@ -612,7 +612,7 @@ func (s *slot) failUnsent(err error) {
 func (s *slot) finish(c *call) {
 	if c.internal {
 		if c.kind == 'R' && c.err != nil {
-			s.releaseLate(c.token, c.key, c.until) // Close's, if it is closing
+			s.releaseLate(c.token, c.key, c.keep) // Close's, if it is closing
 		}
 		putCall(c)
 		return
@@ -634,16 +634,16 @@ func (s *slot) finish(c *call) {
 		return
 	}
 	if c.kind == 'A' && c.res == 'A' && c.err == nil {
-		until := c.start.Add(time.Duration(c.leaseMs) * time.Millisecond)
 		if s.shutWrite.Load() {
-			s.releaseLate(c.resToken, c.key, until)
+			s.releaseLate(c.resToken, c.key, c.keep)
 			putCall(c)
 			return
 		}
 		r := getCall()
-		r.kind, r.internal, r.key, r.token, r.until = 'R', true, c.key, c.resToken, until
+		r.kind, r.internal, r.key, r.token = 'R', true, c.key, c.resToken
+		r.until, r.keep = c.start.Add(time.Duration(c.leaseMs)*time.Millisecond), c.keep
 		if !s.push(r) && !s.cl.submit(r, s) && !s.hold(r) {
-			s.releaseLate(r.token, r.key, r.until)
+			s.releaseLate(r.token, r.key, r.keep)
 			putCall(r) // no connection before the lease's end (or Close sends it)
 		}
 	}
@@ -651,13 +651,13 @@ func (s *slot) finish(c *call) {
 }
 
 // releaseLate leaves the release of token for Close to send, if the client
-// is closing and the lock's Deadline until has not passed.
-func (s *slot) releaseLate(token uint64, key string, until time.Time) {
-	if !s.cl.closed.Load() || until.IsZero() || !time.Now().Before(until) {
+// is closing and the lock's keep has not passed.
+func (s *slot) releaseLate(token uint64, key string, keep time.Time) {
+	if !s.cl.closed.Load() || keep.IsZero() || !time.Now().Before(keep) {
 		return
 	}
 	s.lateMu.Lock()
-	s.late = append(s.late, lateRelease{token, key, until})
+	s.late = append(s.late, lateRelease{token, key, keep})
 	s.lateMu.Unlock()
 }
 
@@ -917,7 +917,7 @@ func (w *batchWriter) flush(s *slot, nc net.Conn, try *tryWriter) bool {
 	clear(w.batch)
 	w.batch = w.batch[:0]
 	for _, c := range w.refused {
-		c.err = fmt.Errorf("%w: owner %q already has an acquire of key %q in flight", ErrInvalid, c.owner, c.key)
+		c.err = fmt.Errorf("%w: owner %q already has an acquire of key %q in flight (one given up stays so until the server answers it)", ErrInvalid, c.owner, c.key)
 		s.finish(c)
 	}
 	clear(w.refused)
@@ -1091,6 +1091,24 @@ func appendStack(batch []*call, h *call) []*call {
 	return batch
 }
 
+// keepSlack is keepFor's margin beyond the lease: the cluster's default
+// --max-clock-skew (500 ms) and an expiry's commit many times over.
+const keepSlack = 10 * time.Second
+
+// keepFor is how long after its A arrived a lease of leaseMs may still run
+// on the server, at the most. The lease runs from the grant, and a
+// hand-over's from no earlier than its answer's leaving (single mode renews
+// one whose answer leaves late), so from before the arrival; a cluster
+// node that applied a grant late renews it for up to as long again before
+// it answers, and the leader ends a lease only once its clock has passed
+// the end by --max-clock-skew and the expiry has committed. Twice the
+// lease covers the renewal and the clocks' rates. Past it a release is no
+// longer worth sending: a copy would only be answered N.
+func keepFor(leaseMs uint64) time.Duration {
+	lease := time.Duration(min(leaseMs, uint64(math.MaxInt64/4/time.Millisecond))) * time.Millisecond
+	return 2*lease + keepSlack
+}
+
 // readLoop reads and matches answers until the connection breaks, the server
 // sends E, or it breaks the protocol; it returns the cause.
 func (s *slot) readLoop(nc net.Conn) error {
@@ -1154,6 +1172,9 @@ func (s *slot) readLoop(nc net.Conn) error {
 				c.start = c.sent
 				if c.kind == 'A' && c.waitMs > 0 && floor.After(c.start) {
 					c.start = floor
+				}
+				if a.Kind == 'A' {
+					c.keep = now.Add(keepFor(c.leaseMs))
 				}
 				if c.sent.After(floor) {
 					floor = c.sent

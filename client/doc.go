@@ -58,9 +58,9 @@
 // ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells whether the
 // request had been sent, so that the server may have carried it out. A
 // release that meets this is sent again on another connection while the
-// lock's Deadline has not passed (see Release), so that it fails so only
-// when no connection comes up before then, or when the copy's N comes
-// after the Deadline (the key may have gone on meanwhile). An E line from the server (it could not parse a request) fails every
+// lock's lease may still run on the server (see Release), so that it fails
+// so only when no connection comes up before then, or when the copy's N
+// comes after the lock's Deadline (the key may have gone on meanwhile). An E line from the server (it could not parse a request) fails every
 // call unanswered on that connection with a *ConnError wrapping a
 // *ServerError. The client checks keys, owners, leases and waits before
 // sending, so that one bad call cannot take down the calls of others.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -756,4 +757,114 @@ func TestLateGrantReleasedOnNextConnection(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the late grant was never released on the next connection")
 	}
+}
+
+// A grant handed over after its acquire waited longer than the lease
+// comes with its Deadline past, while the server's lease has only begun.
+// Its release, and the release of such a grant nobody wants, must still
+// go out again after a break, and at Close: it was dropped as if the
+// lease had ended, and the key stayed held to the end of the lease.
+func TestReleaseOfAGrantQueuedPastItsLeaseIsSentAgain(t *testing.T) {
+	const lease, queued = time.Second, 1500 * time.Millisecond
+	t.Run("Release", func(t *testing.T) {
+		first, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+			f := readFields(t, r) // A owner key lease wait
+			if f == nil {
+				return
+			}
+			time.Sleep(queued) // the key is handed over only now
+			fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
+			readFields(t, r) // the release: break unanswered
+		})
+		seen := make(chan []string, 4)
+		next, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+			for f := readFields(t, r); f != nil; f = readFields(t, r) {
+				seen <- f
+				fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+			}
+		})
+		cl := dial(t, first+","+next, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
+		l, err := cl.Acquire(testCtx(t), "k", lease, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Until(l.Deadline); d > 0 {
+			t.Fatalf("the grant's Deadline is %v ahead; the test needs one past", d)
+		}
+		if err := cl.Release(testCtx(t), l); err != nil {
+			t.Fatalf("Release: %v, want nil: the next node released it", err)
+		}
+		if f := <-seen; !slices.Equal(f, []string{"R", "5", "k"}) {
+			t.Fatalf("the next node read %q", f)
+		}
+	})
+	t.Run("unwanted", func(t *testing.T) {
+		first, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+			f := readFields(t, r)
+			if f == nil {
+				return
+			}
+			time.Sleep(queued) // the caller has given up by now
+			fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
+			readFields(t, r) // the client's release of it: break unanswered
+		})
+		seen := make(chan []string, 4)
+		next, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+			for f := readFields(t, r); f != nil; f = readFields(t, r) {
+				seen <- f
+				fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+			}
+		})
+		cl := dial(t, first+","+next, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if _, err := cl.Acquire(ctx, "k", lease, 5*time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire: %v, want the context's end", err)
+		}
+		select {
+		case f := <-seen:
+			if !slices.Equal(f, []string{"R", "5", "k"}) {
+				t.Fatalf("the next node read %q", f)
+			}
+		case <-time.After(queued + 5*time.Second):
+			t.Fatal("the release of the grant nobody wanted was dropped after the break")
+		}
+	})
+	t.Run("Close", func(t *testing.T) {
+		var conns atomic.Int32
+		seen := make(chan []string, 4)
+		addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+			if conns.Add(1) > 1 { // Close's own connection
+				for f := readFields(t, r); f != nil; f = readFields(t, r) {
+					seen <- f
+					fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+				}
+				return
+			}
+			f := readFields(t, r)
+			readFields(t, r) // EOF: Close shut the sending side
+			// A hand-over decided just before the server read the end.
+			fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
+		})
+		cl, err := client.Dial(testCtx(t), addr, client.WithConns(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := cl.Acquire(context.Background(), "k", lease, 5*time.Second)
+			done <- err
+		}()
+		time.Sleep(queued)
+		cl.Close()
+		<-done
+		select {
+		case f := <-seen:
+			if !slices.Equal(f, []string{"R", "5", "k"}) {
+				t.Fatalf("Close's connection sent %q", f)
+			}
+		default:
+			t.Fatal("Close did not release the grant that came after its caller was failed")
+		}
+	})
 }

@@ -47,7 +47,8 @@ func TestUnsentRequestsKeepTheirOrder(t *testing.T) {
 		key = "k" + strconv.Itoa(i)
 	}
 	rel := testCall(func(c *call) {
-		c.kind, c.internal, c.key, c.token, c.until = 'R', true, key, 7, time.Now().Add(time.Minute)
+		c.kind, c.internal, c.key, c.token = 'R', true, key, 7
+		c.until, c.keep = time.Now().Add(time.Minute), time.Now().Add(time.Minute)
 	})
 	acq := testCall(func(c *call) { c.kind, c.key, c.seq, c.leaseMs = 'A', key, 1, 60000 })
 	other := testCall(func(c *call) { c.kind, c.key, c.seq, c.leaseMs = 'A', key, 2, 60000 })
@@ -74,7 +75,8 @@ func kinds(cs []*call) []string {
 // A release sent again (its first copy's outcome unknown) that its new
 // connection drops before writing it is held for the slot's next
 // connection once more, and fails with its unknown outcome only at its
-// lock's Deadline. A release never sent fails at once, as not sent.
+// lock's keep (past its Deadline). A release never sent fails at once, as
+// not sent.
 func TestResentReleaseDroppedUnsentIsHeldAgain(t *testing.T) {
 	cl := &Client{addrs: []string{"127.0.0.1:1"}}
 	s := newSlot(cl, 0)
@@ -82,11 +84,13 @@ func TestResentReleaseDroppedUnsentIsHeldAgain(t *testing.T) {
 	s.head.Store(nil)
 	outcome := make(chan error, 2)
 	resent := testCall(func(c *call) {
-		c.kind, c.key, c.token, c.resent, c.until = 'R', "k", 7, true, time.Now().Add(200*time.Millisecond)
+		c.kind, c.key, c.token, c.resent = 'R', "k", 7, true
+		c.until, c.keep = time.Now().Add(100*time.Millisecond), time.Now().Add(200*time.Millisecond)
 		c.onRelease = func(err error) { outcome <- err }
 	})
 	fresh := testCall(func(c *call) {
-		c.kind, c.key, c.token, c.until = 'R', "j", 8, time.Now().Add(time.Minute)
+		c.kind, c.key, c.token = 'R', "j", 8
+		c.until, c.keep = time.Now().Add(time.Minute), time.Now().Add(time.Minute)
 		c.onRelease = func(err error) { outcome <- err }
 	})
 	for _, c := range []*call{resent, fresh} {
@@ -112,7 +116,7 @@ func TestResentReleaseDroppedUnsentIsHeldAgain(t *testing.T) {
 		t.Fatalf("the release sent again: %v, want an unknown outcome", err)
 	}
 	if d := time.Since(start); d < 150*time.Millisecond {
-		t.Errorf("failed after %v, before its lock's Deadline", d)
+		t.Errorf("failed after %v, before its lock's keep (200ms)", d)
 	}
 }
 
