@@ -443,3 +443,66 @@ func TestMalformedAddressIsAUsageError(t *testing.T) {
 		}
 	}
 }
+
+// A signal while ticketctl closes its connection, after acquire printed its
+// token or release was answered, does not end it with 128+N: a script
+// would take the acquire for failed and drop the token of a lock it holds.
+// The server here answers, then keeps its side open after the client's end,
+// so that Close waits (up to 5 s) for it.
+func TestSignalWhileClosingAfterTheAnswerIsIgnored(t *testing.T) {
+	if ctlBuildErr != nil {
+		t.Fatal(ctlBuildErr)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := make(chan struct{})
+	answered := make(chan struct{}, 4)
+	t.Cleanup(func() { close(hold); ln.Close() })
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				rd := bufio.NewReader(nc)
+				for {
+					line, err := rd.ReadString('\n')
+					if err != nil {
+						<-hold // the client's end: keep this side open
+						return
+					}
+					if ans := grant(strings.Fields(line)); ans[0] != 'E' {
+						fmt.Fprintf(nc, "%s\n", ans)
+						answered <- struct{}{}
+					}
+				}
+			}()
+		}
+	}()
+	addr := ln.Addr().String()
+	for _, tc := range []struct {
+		args []string
+		out  string
+	}{
+		{[]string{"acquire", "k", "--lease", "1m"}, "5\n"},
+		{[]string{"release", "k", "5"}, ""},
+	} {
+		r := start(t, append([]string{"--addr", addr}, tc.args...)...)
+		select {
+		case <-answered:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: no request answered within 20s", tc.args[0])
+		}
+		waitOutput(t, r.stdout, tc.out)
+		time.Sleep(300 * time.Millisecond) // in Close, waiting for the server's end
+		r.cmd.Process.Signal(syscall.SIGINT)
+		res := r.wait(t)
+		if ws := r.cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() || res.code != exitOK {
+			t.Errorf("%s answered, then SIGINT while closing: %v, want exit 0", tc.args[0], r.cmd.ProcessState)
+		}
+	}
+}

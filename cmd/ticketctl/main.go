@@ -449,9 +449,13 @@ refuse writes from a holder whose lease has ended (a lower token).
 	if cl == nil {
 		return code
 	}
-	defer cl.Close()
+	// Signals stay diverted through Close, which can take seconds: a
+	// signal's default action there would end the process with 128+N after
+	// its token was printed, and a script would drop the token of a lock
+	// it holds.
 	sigc, unnotify := notifyStop()
 	defer unnotify()
+	defer cl.Close()
 	t0 := time.Now()
 	l, sig, err := acquireInterruptible(cl, sigc, *owner, key, *lease, *wait)
 	if sig != nil {
@@ -641,9 +645,9 @@ a token releases its key only once, so that is safe.
 	if cl == nil {
 		return code
 	}
-	defer cl.Close()
 	sigc, unnotify := notifyStop()
 	defer unnotify()
+	defer cl.Close() // with signals still diverted, as in acquire
 	tctx, cancel := context.WithTimeout(context.Background(), releaseTimeout(*c.addr))
 	defer cancel()
 	ctx, stop := withSignals(tctx, sigc)
