@@ -230,6 +230,22 @@ func TestRunReleaseWaitsForReconnect(t *testing.T) {
 	}
 }
 
+// The server is gone for good when run's command ends: the release fails
+// with the words acquire and release use for it, not the client's own
+// error text.
+func TestRunReleaseThatFailsSaysWhy(t *testing.T) {
+	f := newFake(t, grant)
+	r := start(t, append([]string{"--addr", f.addr, "run", "k", "--lease", "1m", "--"}, childCmd("waitfile", filepath.Join(t.TempDir(), "go"))...)...)
+	waitOutput(t, r.stdout, "ready")
+	f.cut()
+	r.cmd.Process.Signal(syscall.SIGTERM) // passed on: the command ends
+	res := r.wait(t)
+	if !strings.Contains(res.stderr, "could not release k (token 5): cannot reach ticketd at "+f.addr+": connection refused") ||
+		strings.Contains(res.stderr, "dial tcp") {
+		t.Errorf("run's failed release: %v", res)
+	}
+}
+
 // openPTY opens a pseudo-terminal: master for the test to type on, slave
 // for ticketctl's controlling terminal.
 func openPTY(t *testing.T) (master, slave *os.File) {

@@ -252,8 +252,9 @@ func releaseAfterCtx(parent context.Context, cl *client.Client, l client.Lock, a
 			fmt.Fprintf(stderr, "ticketctl: %s was no longer held with token %d at release: %s\n", l.Key, l.Token, why)
 		}
 	default:
-		fmt.Fprintf(stderr, "ticketctl: could not release %s (token %d): %v; it is freed when its lease ends, or with 'ticketctl release %s %d'\n",
-			l.Key, l.Token, err, l.Key, l.Token)
+		msg, _ := explain(err, "release", addr, l.Key)
+		fmt.Fprintf(stderr, "ticketctl: could not release %s (token %d): %s; it is freed when its lease ends, or with 'ticketctl release %s %d'\n",
+			l.Key, l.Token, msg, l.Key, l.Token)
 	}
 	return false
 }
