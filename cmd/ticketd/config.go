@@ -122,8 +122,10 @@ func (c *config) validate() error {
 	if c.shards < 1 || c.shards > 4096 {
 		return bad("shards", "%d is not between 1 and 4096", c.shards)
 	}
-	if c.sweepInterval <= 0 {
-		return bad("sweep-interval", "%v must be positive", c.sweepInterval)
+	if c.sweepInterval < 10*time.Millisecond {
+		// Each sweep walks every shard under its lock: shorter keeps an
+		// idle server busy.
+		return bad("sweep-interval", "%v must be at least 10ms", c.sweepInterval)
 	}
 	// The protocol counts in milliseconds: a value that is not a whole
 	// number of them (0 included, which the codec would take as "no limit")
@@ -140,8 +142,10 @@ func (c *config) validate() error {
 	if c.maxWait%time.Millisecond != 0 {
 		return bad("max-wait", "%v is not a whole number of milliseconds", c.maxWait)
 	}
-	if c.shutdownTimeout <= 0 {
-		return bad("shutdown-timeout", "%v must be positive", c.shutdownTimeout)
+	if c.shutdownTimeout < time.Second {
+		// Shorter cuts every stop short of its snapshot: each would be
+		// restarted as after a crash, every key refused for a grace.
+		return bad("shutdown-timeout", "%v must be at least 1s", c.shutdownTimeout)
 	}
 	for _, f := range []struct {
 		name string

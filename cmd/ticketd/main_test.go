@@ -67,6 +67,8 @@ func TestDurationFlags(t *testing.T) {
 		{"max-lease", "2562047h"},
 		{"max-lease", "721h"},
 		{"shutdown-timeout", "0s"},
+		{"shutdown-timeout", "1ms"}, // every stop a crash restart
+		{"sweep-interval", "1ns"},   // an idle server kept busy
 		{"send-buffer", "-1"},
 		{"unavailable-timeout", "50ms"}, // both modes: /readyz's stall timeout
 		// Cluster mode's flags, in single mode: a skew that does not
