@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ticketd/ticketd/codec"
@@ -336,6 +338,7 @@ func (s *slot) serve(nc net.Conn) {
 	sdone := make(chan struct{})
 	go s.watch(nc, stop, sdone)
 
+	up := time.Now()
 	err := s.readLoop(nc)
 
 	close(stop)
@@ -347,6 +350,15 @@ func (s *slot) serve(nc net.Conn) {
 	}
 	if s.silent.Load() {
 		err = fmt.Errorf("no answer for %v with requests in flight: the connection is silent", s.cl.cfg.answerTimeout)
+	}
+	if !s.answered && time.Since(up) < time.Second && !s.silent.Load() && !s.cl.closed.Load() &&
+		(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+		// Said so, to its calls and to those made while nothing is up,
+		// which would only hear "no connection is up", as if no server
+		// listened.
+		err = fmt.Errorf("%w (%s: %v)", ErrClosedAtOnce, s.addr, err)
+		why := err
+		s.cl.lastErr.Store(&why)
 	}
 	s.ncMu.Lock()
 	s.nc = nil

@@ -60,6 +60,12 @@ var (
 	// a refused frame would make the server close the connection and fail
 	// every other call on it.
 	ErrInvalid = errors.New("ticketd: invalid argument")
+
+	// ErrClosedAtOnce is found (with errors.Is) in the *ConnError of a call
+	// made while nothing is connected because the server closed the last
+	// connection before it answered anything: a server over its
+	// --max-conns, starting or stopping, or something other than ticketd.
+	ErrClosedAtOnce = errors.New("ticketd: the server closed the connection before it answered anything")
 )
 
 // ConnError is the error of a call that lost its connection, or never had

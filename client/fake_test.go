@@ -868,3 +868,22 @@ func TestReleaseOfAGrantQueuedPastItsLeaseIsSentAgain(t *testing.T) {
 		}
 	})
 }
+
+// A server that takes each connection and closes it at once (over its
+// --max-conns) is told apart from one that is not there: a call made while
+// nothing is up says so, where it said only "no connection is up".
+func TestServerThatClosesAtOnceIsNamed(t *testing.T) {
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {})
+	cl := dial(t, addr, client.WithConns(1), client.WithBackoff(time.Hour, time.Hour))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := cl.Acquire(testCtx(t), "k", time.Second, 0)
+		if errors.Is(err, client.ErrClosedAtOnce) && !errors.Is(err, client.ErrOutcomeUnknown) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Acquire with the connection closed at once: %v, want ErrClosedAtOnce", err)
+		}
+		time.Sleep(20 * time.Millisecond) // the close not read yet: sent, or not yet failed
+	}
+}

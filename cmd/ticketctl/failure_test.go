@@ -522,3 +522,33 @@ func TestSignalWhileClosingAfterTheAnswerIsIgnored(t *testing.T) {
 		}
 	}
 }
+
+// --addr at a port where something else answers (ticketd's own --admin, an
+// HTTP server) is named as such, not as a ticketd whose connection broke.
+func TestAddressOfAnotherServiceIsNamed(t *testing.T) {
+	f := newFake(t, func([]string) string { return "HTTP/1.1 400 Bad Request" })
+	r := runCtl(t, nil, "--addr", f.addr, "acquire", "k")
+	if r.code != exitError || !strings.Contains(r.stderr, "does not speak ticketd's protocol") {
+		t.Errorf("acquire at an HTTP port: %v", r)
+	}
+}
+
+// A server at its --max-conns takes the connection and closes it at once:
+// ticketctl says so, rather than ask whether ticketd is running.
+func TestServerAtItsConnectionLimitIsNamed(t *testing.T) {
+	addr := startServer(t, "--max-conns", "1")
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fmt.Fprintf(nc, "A holder other 60000 0\n") // answered: the server's one connection is this one
+	if _, err := bufio.NewReader(nc).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	r := runCtl(t, nil, "--addr", addr, "acquire", "k")
+	if r.code != exitError || strings.Contains(r.stderr, "is it running") ||
+		!strings.Contains(r.stderr, "before answering anything") && !strings.Contains(r.stderr, "before it answered anything") {
+		t.Errorf("acquire at a server over its --max-conns: %v", r)
+	}
+}

@@ -338,6 +338,7 @@ func explain(err error, op, addr, key string) (string, int) {
 		node = ce.Addr
 	}
 	isSE := errors.As(err, &se)
+	var pe *client.ProtocolError
 	switch {
 	case errors.Is(err, client.ErrHeld):
 		return fmt.Sprintf("%s is held by someone else; use --wait DURATION to queue for it", key), exitHeld
@@ -363,6 +364,12 @@ func explain(err error, op, addr, key string) (string, int) {
 	case isSE:
 		return fmt.Sprintf("ticketd at %s gave up the request (E %s: %s); %s",
 			node, se.Code, se.Text, mayHaveHappened(op, key)), exitError
+	case errors.As(err, &pe):
+		return fmt.Sprintf("what answers at %s does not speak ticketd's protocol (%s): is --addr another service's port, ticketd's --admin one say? If it is a ticketd, %s",
+			node, pe.Text, mayHaveHappened(op, key)), exitError
+	case ce != nil && !ce.Unknown && errors.Is(err, client.ErrClosedAtOnce):
+		return fmt.Sprintf("ticketd at %s took the connection and closed it before answering anything: it is at its --max-conns limit, or starting or stopping; nothing was carried out, try again later",
+			node), exitError
 	case ce != nil && ce.Unknown:
 		return fmt.Sprintf("the connection to ticketd at %s broke before it answered (%s); %s",
 			node, cause(ce.Err), mayHaveHappened(op, key)), exitError
