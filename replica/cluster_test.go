@@ -784,6 +784,18 @@ func TestReplaceRefusesWrongIDs(t *testing.T) {
 			t.Fatalf("Replace(%d, %d, %s) = %v, want %q, a refusal", r.old, r.new, r.addr, err, r.want)
 		}
 	}
+	// The replacement, given node 3's own address, was started before the
+	// replace: refused all the same, and told so, where it said node 3 was
+	// up.
+	ln, err := net.Listen("tcp", c.peers[3])
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = n.Replace(ctx, 3, 4, c.peers[3])
+	ln.Close()
+	if err == nil || !strings.Contains(err.Error(), "was started before the replace") || !errors.Is(err, ErrRefused) {
+		t.Fatalf("Replace(3, 4) at node 3's address, taken by the replacement: %v", err)
+	}
 	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
 	for _, si := range info.ShardInfoList {
 		if len(si.Replicas) != 3 {

@@ -181,7 +181,7 @@ func openDataDir(path string, node uint32, peers map[uint32]string, shards int, 
 }
 
 // noStateAdvice ends the refusal of a data dir without cluster state.
-const noStateAdvice = "give every node --bootstrap on a new cluster's first start, or --join to a node that replaces a lost one (README: replacing a node); " +
+const noStateAdvice = "give every node --bootstrap on a new cluster's first start, or --join to a node that replaces a lost one, under a new --node-id after POST /cluster/replace on a live node (README: replacing a node); " +
 	"a node that ran before must find its own data dir (a typo in --data-dir, a disk that did not mount?): started afresh it would forget what it acknowledged"
 
 // raftMade records that the raft state exists, once the node host that

@@ -61,3 +61,22 @@ func TestTwoAddressesForANodeAreExplained(t *testing.T) {
 		t.Fatalf("logged %v, want the cause said once", logs.All())
 	}
 }
+
+// A node that the cluster lists under another id at its address gets
+// Dragonboat's line once per raft message: said once every transportEvery,
+// with what to do.
+func TestMessagesForAnotherNodeIdAreSaidOnce(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	prev := logTo.Swap(zap.New(core))
+	defer logTo.Store(prev)
+	transportLines.reset()
+	defer transportLines.reset()
+	l := &dbLogger{pkg: "dragonboat"}
+	l.SetLevel(logger.WARNING)
+	for range 1000 {
+		l.Warningf("ignored a %s message sent to %s but received by %s", "Replicate", "[00010:00009]", "[00010:00010]")
+	}
+	if logs.Len() != 1 || logs.FilterMessageSnippet("run the replace").Len() != 1 {
+		t.Fatalf("logged %d lines (%v), want one that says what to do", logs.Len(), logs.All()[:min(logs.Len(), 3)])
+	}
+}

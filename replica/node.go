@@ -562,7 +562,8 @@ func (n *Node) joinWatch() func() {
 			return
 		}
 		n.log.Warn("joining: no shard has heard from its members yet; a node joins once a replace on a live node added it "+
-			"(POST /cluster/replace?old=LOST&new=THIS_ID&addr=THIS_RAFT_ADDRESS): check that it ran, and this node's --node-id and raft address",
+			"(POST /cluster/replace?old=LOST&new=THIS_ID&addr=THIS_RAFT_ADDRESS): check that it ran, and this node's --node-id and raft address; "+
+			"at the lost node's raft address, stop this node while the replace runs (it refuses while that address takes connections), then start it again",
 			zap.Uint32("node", n.opt.NodeID), zap.String("raft_address", n.opt.Peers[n.opt.NodeID]))
 	}
 }
@@ -1308,7 +1309,7 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	for _, g := range n.grps {
 		at, err := g.limitsStamp(ctx)
 		if err != nil {
-			return fmt.Errorf("shard %d: cannot read its last change of limits (%v): run it again", g.idx, err)
+			return fmt.Errorf("shard %d: cannot read its last change of limits (%v): no quorum (a majority of its nodes down or out of reach?); run it again once they are back", g.idx, err)
 		}
 		stamp = max(stamp, at+1)
 	}
@@ -2412,6 +2413,9 @@ func (n *Node) checkReplace(ctx context.Context, old, new uint32, addr string) e
 		if up == "" {
 			return nil
 		}
+		if time.Now().After(seenUp) && up == addr {
+			return refuse("replica: node %d's raft address %s takes connections: node %d is up (stop it first, and check the ids), or its replacement, given the same address, was started before the replace (stop it, run the replace, then start it again)", old, up, old)
+		}
 		if time.Now().After(seenUp) {
 			return refuse("replica: node %d is up (its raft address %s takes connections): a replace takes out a node whose data dir is lost, which is down; stop it first, and check the ids", old, up)
 		}
@@ -2564,6 +2568,9 @@ type ShardStatus struct {
 	// Members are the shard's voting members as this node has applied
 	// them (Members fills them; empty until the shard has loaded).
 	Members []uint32 `json:"members,omitempty"`
+	// Addrs are those members' raft addresses, by id: what a replace's
+	// addr and every node's --peers must match.
+	Addrs map[uint32]string `json:"addrs,omitempty"`
 	// Limits are the cluster's --max-keys, --max-waiters and
 	// --max-waiters-per-key as this replica applied them (POST
 	// /cluster/limits changes them; a node must start with them); nil
@@ -2577,6 +2584,7 @@ func (n *Node) Members(st []ShardStatus) {
 	for i := range min(len(st), len(n.grps)) {
 		if rs := n.grps[i].replicas.Load(); rs != nil {
 			st[i].Members = slices.Sorted(maps.Keys(*rs))
+			st[i].Addrs = maps.Clone(*rs)
 		}
 	}
 }

@@ -218,7 +218,10 @@ func TestMembersAfterAReplace(t *testing.T) {
 			c.nodes[0].Members(st)
 			done := true
 			for _, s := range st {
-				done = done && slices.Equal(s.Members, want)
+				done = done && slices.Equal(s.Members, want) && len(s.Addrs) == len(want)
+				for _, id := range want {
+					done = done && s.Addrs[id] == c.peers[id]
+				}
 			}
 			if done {
 				return

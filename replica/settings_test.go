@@ -678,3 +678,19 @@ func writeLegacyIdentity(file string, id *identity) error {
 	b = bytes.Replace(b, []byte(",\n  \"checksum\": \"\""), nil, 1)
 	return os.WriteFile(file, append(b, '\n'), 0o644)
 }
+
+// A change of limits with a majority of the nodes down fails saying so,
+// not only "run it again", which does not help until they are back.
+func TestClusterLimitsChangeWithoutQuorumSaysSo(t *testing.T) {
+	c := newTestCluster(t, 1)
+	c.waitReady()
+	c.stop(1)
+	c.stop(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := c.nodes[0].SetLimits(ctx, 7, 0, 0)
+	if err == nil || !strings.Contains(err.Error(), "no quorum") {
+		t.Fatalf("SetLimits with 2 of 3 nodes down: %v, want an error that says no quorum", err)
+	}
+	t.Log(err)
+}
