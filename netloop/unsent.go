@@ -27,8 +27,9 @@ import (
 // OnClose takes the output out of gnet's buffer first (gnet then has
 // nothing left to write), and:
 //   - after the client's end of stream, writes it on a duplicate of the
-//     descriptor from a goroutine of its own, within lingerFor, as linger
-//     does for a connection closed with an E line, followed by the answers
+//     descriptor from a goroutine of its own, while answers come (up to
+//     lingerFor without one), as linger does for a connection closed with
+//     an E line, followed by the answers
 //     still to come for requests read before the end (cluster mode: their
 //     commits), which the closed connection would have refused;
 //   - otherwise, or for what that write did not get out, releases the
@@ -156,8 +157,8 @@ func (s *Server) awaits(c *Conn) bool {
 // out, gnet's unsent output, and carrying out the requests in in, then,
 // if reading, those still in the socket, as c's limits allow; then closes
 // c's mailbox, ends the server's stream and waits for the client to
-// close, all within lingerFor (cut short by Stop). The grants it did not
-// start to write are given back.
+// close, each within lingerFor of the last answer or request taken (cut
+// short by Stop). The grants it did not start to write are given back.
 func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 	defer s.unsentBusy.Add(-1)
 	defer s.conns.Add(-1)
@@ -235,6 +236,19 @@ func (s *Server) writeAfterEOF(c *Conn, fd int, out, in []byte, reading bool) {
 				break
 			}
 			out, begun, written = out[:0], false, 0
+		}
+		if came && live {
+			// While answers come, the client gets them: the bound is
+			// lingerFor without one. A fixed one from the end cut off a
+			// cluster node's answers to a long pipeline still committing,
+			// and released their grants.
+			deadline = time.Now().Add(lingerFor)
+			if !s.isCut() {
+				_ = nc.SetDeadline(deadline.Add(lastWrite))
+				if s.isCut() { // Stop's cut came in between: keep it
+					_ = nc.SetDeadline(time.Now())
+				}
+			}
 		}
 		more := !last && c.end == nil && (reading || bytes.IndexByte(in, '\n') >= 0)
 		if last || !live || !more && !s.owes(c) {

@@ -539,3 +539,26 @@ func TestStopDoesNotWaitForAWriterAfterEOFsUnansweredRequests(t *testing.T) {
 		t.Errorf("Stop took %v, waiting for answers that will not come", took)
 	}
 }
+
+// A client that ends its stream after a pipeline whose answers come slowly
+// but steadily (cluster mode: one commit after another) gets all of them,
+// however long they take in all: the writer after EOF waits lingerFor
+// without an answer, not in all (that cut off 1436 answers of 1500 on a
+// busy machine, and released their grants).
+func TestAnswersThatKeepComingAfterTheEndOfStreamAreAllWritten(t *testing.T) {
+	const n = 8 // one a second, with one request in flight at a time: past lingerFor in all
+	_, b, addr := startCommitServerConfig(t, time.Second, Config{MaxInflight: 1})
+	start := time.Now()
+	c := endStream(t, addr, acquires(n))
+	_ = c.SetReadDeadline(time.Now().Add(n*time.Second + lingerFor))
+	all, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading to the end: %v after %q", err, all)
+	}
+	if got := strings.Count(string(all), "\n"); got != n {
+		t.Fatalf("%d answers of %d in %v, then the end", got, n, time.Since(start))
+	}
+	if o := b.orphans(); len(o) != 0 {
+		t.Errorf("%d grants given back, all delivered", len(o))
+	}
+}
