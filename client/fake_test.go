@@ -44,7 +44,11 @@ func serveFake(t *testing.T, ln net.Listener, handle func(nc net.Conn, r *bufio.
 		conns []net.Conn
 	)
 	closeListener = func() { once.Do(func() { ln.Close() }) }
+	// The accept loop counts too: a connection it takes as the test ends
+	// adds to wg only while wg is not zero, never beside Wait.
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			nc, err := ln.Accept()
 			if err != nil {
