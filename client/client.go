@@ -31,7 +31,7 @@ type Client struct {
 	ctx      context.Context // ends at Close: stops dialling and backoff
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
-	lastErr  atomic.Pointer[error] // last dial error, for calls made while nothing is connected
+	lastErr  atomic.Pointer[error] // why nothing is up (the last dial's error, or ErrClosedAtOnce), for calls made meanwhile
 }
 
 // Lock is a granted acquire. It is a plain value: copy it, store it, or hand
@@ -58,8 +58,8 @@ type Lock struct {
 	// one: keep a margin.
 	Deadline time.Time
 
-	// keep is the other bound: the latest the lease can still run on the
-	// server (keepFor from its A's arrival). Until then a release whose
+	// keep is the other bound: about the latest the lease can still run on
+	// the server (keepFor from its A's arrival). Until then a release whose
 	// connection broke is worth sending again; Deadline, which leaves out
 	// the time a grant waited queued, may have passed long before.
 	keep time.Time

@@ -1107,15 +1107,20 @@ func appendStack(batch []*call, h *call) []*call {
 // --max-clock-skew (500 ms) and an expiry's commit many times over.
 const keepSlack = 10 * time.Second
 
-// keepFor is how long after its A arrived a lease of leaseMs may still run
-// on the server, at the most. The lease runs from the grant, and a
-// hand-over's from no earlier than its answer's leaving (single mode renews
-// one whose answer leaves late), so from before the arrival; a cluster
-// node that applied a grant late renews it for up to as long again before
-// it answers, and the leader ends a lease only once its clock has passed
-// the end by --max-clock-skew and the expiry has committed. Twice the
-// lease covers the renewal and the clocks' rates. Past it a release is no
-// longer worth sending: a copy would only be answered N.
+// keepFor is about how long after its A arrived a lease of leaseMs may
+// still run on the server: until then a lost release is worth sending
+// again; past it a copy would most likely be answered N. The lease runs
+// from the grant, and a hand-over's from no earlier than its answer's
+// leaving (single mode renews one whose answer leaves late), so from
+// before the arrival; a cluster node that applied a grant late renews it
+// for up to as long again before it answers, and the leader ends a lease
+// only once its clock has passed the end by --max-clock-skew and the
+// expiry has committed. Twice the lease covers the renewal and the
+// clocks' rates. Not a bound for a clean single-mode restart, which moves
+// every lease on by its downtime, nor for a --max-clock-skew far above its
+// default: a release not sent then leaves the key held to its lease's end.
+// It never makes a release count as done: only R does, or a
+// copy's N before Deadline.
 func keepFor(leaseMs uint64) time.Duration {
 	lease := time.Duration(min(leaseMs, uint64(math.MaxInt64/4/time.Millisecond))) * time.Millisecond
 	return 2*lease + keepSlack

@@ -56,7 +56,9 @@
 // acquire when it shuts down; errors.Is(err, ErrHeld) holds for it too. A
 // call that loses its connection fails with a *ConnError (errors.Is(err,
 // ErrConnBroken)); errors.Is(err, ErrOutcomeUnknown) tells whether the
-// request had been sent, so that the server may have carried it out. A
+// request had been sent, so that the server may have carried it out;
+// errors.Is(err, ErrClosedAtOnce), that the server closed the connection
+// before it answered anything (over its --max-conns, say). A
 // release that meets this is sent again on another connection while the
 // lock's lease may still run on the server (see Release), so that it fails
 // so only when no connection comes up before then, or when the copy's N

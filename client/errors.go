@@ -62,9 +62,11 @@ var (
 	ErrInvalid = errors.New("ticketd: invalid argument")
 
 	// ErrClosedAtOnce is found (with errors.Is) in the *ConnError of a call
-	// made while nothing is connected because the server closed the last
-	// connection before it answered anything: a server over its
-	// --max-conns, starting or stopping, or something other than ticketd.
+	// whose connection the server closed within a second of its opening,
+	// before it answered anything on it (the call sent or not, as Unknown
+	// says), or made while nothing is connected after that: a server over
+	// its --max-conns, starting or stopping, or something other than
+	// ticketd.
 	ErrClosedAtOnce = errors.New("ticketd: the server closed the connection before it answered anything")
 )
 

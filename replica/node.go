@@ -1308,6 +1308,9 @@ func (n *Node) SetLimits(ctx context.Context, maxKeys, maxWaiters, maxWaitersPer
 	stamp := max(n.now(), n.lastLimits+1)
 	for _, g := range n.grps {
 		at, err := g.limitsStamp(ctx)
+		if err != nil && (ctx.Err() != nil || errors.Is(err, errStopping)) {
+			return fmt.Errorf("shard %d: cannot read its last change of limits (%v): run it again", g.idx, err)
+		}
 		if err != nil {
 			return fmt.Errorf("shard %d: cannot read its last change of limits (%v): no quorum (a majority of its nodes down or out of reach?); run it again once they are back", g.idx, err)
 		}

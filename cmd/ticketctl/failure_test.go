@@ -230,6 +230,32 @@ func TestRunReleaseWaitsForReconnect(t *testing.T) {
 	}
 }
 
+// As above for a grant that waited queued longer than its lease: its
+// Deadline has passed when it arrives, while the server's lease has just
+// begun. The release still waits for the server rather than give up at
+// the Deadline and leave the key held for the lease.
+func TestRunReleaseOfAGrantQueuedPastItsLeaseWaitsForReconnect(t *testing.T) {
+	f := newFake(t, func(req []string) string {
+		if req[0] == "A" {
+			time.Sleep(700 * time.Millisecond) // handed over only now
+		}
+		return grant(req)
+	})
+	file := filepath.Join(t.TempDir(), "go")
+	r := start(t, append([]string{"--addr", f.addr, "run", "k", "--lease", "500ms", "--wait", "5s", "--"}, childCmd("waitfile", file)...)...)
+	waitOutput(t, r.stdout, "ready")
+	f.cut()
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond) // the command ends, ticketctl releases with no connection up
+	f.listen()
+	r.wait(t)
+	if reqs := f.requests(); reqs[len(reqs)-1] != "R 5 k" {
+		t.Errorf("no release reached the server: %q", reqs)
+	}
+}
+
 // The server is gone for good when run's command ends: the release fails
 // with the words acquire and release use for it, not the client's own
 // error text.

@@ -365,11 +365,17 @@ func explain(err error, op, addr, key string) (string, int) {
 		return fmt.Sprintf("ticketd at %s gave up the request (E %s: %s); %s",
 			node, se.Code, se.Text, mayHaveHappened(op, key)), exitError
 	case errors.As(err, &pe):
-		return fmt.Sprintf("what answers at %s does not speak ticketd's protocol (%s): is --addr another service's port, ticketd's --admin one say? If it is a ticketd, %s",
-			node, pe.Text, mayHaveHappened(op, key)), exitError
-	case ce != nil && !ce.Unknown && errors.Is(err, client.ErrClosedAtOnce):
-		return fmt.Sprintf("ticketd at %s took the connection and closed it before answering anything: it is at its --max-conns limit, or starting or stopping; nothing was carried out, try again later",
-			node), exitError
+		msg := fmt.Sprintf("what answers at %s does not speak ticketd's protocol (%s): is --addr another service's port, ticketd's --admin one say?", node, pe.Text)
+		if ce != nil && ce.Unknown {
+			msg += " If it is a ticketd, " + mayHaveHappened(op, key)
+		}
+		return msg, exitError
+	case ce != nil && errors.Is(err, client.ErrClosedAtOnce):
+		msg := fmt.Sprintf("ticketd at %s took the connection and closed it before answering anything: it is at its --max-conns limit, or starting or stopping", node)
+		if ce.Unknown {
+			return msg + "; " + mayHaveHappened(op, key), exitError
+		}
+		return msg + "; nothing was carried out, try again later", exitError
 	case ce != nil && ce.Unknown:
 		return fmt.Sprintf("the connection to ticketd at %s broke before it answered (%s); %s",
 			node, cause(ce.Err), mayHaveHappened(op, key)), exitError
@@ -685,8 +691,9 @@ a token releases its key only once, so that is safe.
 // release gives l back. A try that fails on its connection (down, silent,
 // E unavailable) is made again, after a pause that grows to a second, on
 // whichever connection the client has up by then (it redials another
-// address first), until ctx ends or, for a Lock with a Deadline, the lease
-// has ended by itself. Sending a release again is safe: a token releases its
+// address first), until ctx ends: not only to l.Deadline, which for a grant
+// that waited queued longer than its lease has passed when it arrives,
+// while the server's lease has just begun. Sending a release again is safe: a token releases its
 // key once, and the later holders of the key have larger tokens. lost tells
 // whether a try was sent and left unanswered: then an N at the end may
 // answer a key that that try released.
@@ -702,9 +709,6 @@ func release(ctx context.Context, cl *client.Client, l client.Lock) (lost bool, 
 			return lost, err
 		}
 		lost = lost || ce.Unknown
-		if !l.Deadline.IsZero() && !time.Now().Add(pause).Before(l.Deadline) {
-			return lost, err // the lease ends first: nothing left to give back
-		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():

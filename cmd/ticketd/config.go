@@ -66,7 +66,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7411", "TCP address to serve the protocol on (port 0 picks a free port)")
 	fs.StringVar(&c.dataDir, "data-dir", "./ticketd-data", "directory for the durable state (token and lease ceilings, shutdown snapshot)")
 	fs.IntVar(&c.shards, "shards", 16, "number of lock-table shards (keys map to shards by a stable hash)")
-	fs.DurationVar(&c.sweepInterval, "sweep-interval", 5*time.Second, "single mode: how often expired keys without waiters are deleted")
+	fs.DurationVar(&c.sweepInterval, "sweep-interval", 5*time.Second, "single mode: how often expired keys without waiters are deleted (10ms at least)")
 	fs.DurationVar(&c.maxLease, "max-lease", time.Hour, "largest lease_ms accepted (1ms to 720h, whole milliseconds)")
 	fs.DurationVar(&c.maxWait, "max-wait", time.Hour, "largest wait_ms accepted (at least 1ms, whole milliseconds; wait_ms 0 is always allowed)")
 	fs.IntVar(&c.maxWaitersPerKey, "max-waiters-per-key", 100_000, "queued acquires per key before B")
@@ -80,7 +80,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.logFormat, "log-format", "console", "console or json")
 	fs.StringVar(&c.admin, "admin", "", "address of the admin HTTP listener (pprof, metrics, health); off unless given")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a clean shutdown may take before the process exits 1 without a snapshot")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a clean shutdown may take before the process exits 1 without a snapshot (1s at least)")
 	fs.BoolVar(&c.recoverDamaged, "recover-damaged-data-dir", false,
 		"start on a data dir whose state cannot be read back whole, or on an older copy put back: set the damaged files aside, grant nothing for --max-lease plus 2s, restart tokens above the current unix time in ns (every start with it is such a recovery: give it once)")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", netloop.DefaultIdleTimeout, "close a connection with nothing pending that has sent nothing for this long (0: never)")
