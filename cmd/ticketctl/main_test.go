@@ -788,7 +788,7 @@ func TestRunStopsWhatTheCommandStarted(t *testing.T) {
 	if pid > 0 {
 		defer syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if r.code != 0 || !strings.Contains(r.stderr, "the command left 1 processes running") || !strings.Contains(r.stderr, strconv.Itoa(pid)) {
+	if r.code != 0 || !strings.Contains(r.stderr, "the command left a process running") || !strings.Contains(r.stderr, strconv.Itoa(pid)) {
 		t.Errorf("a command that left a process running: want exit 0 and a note naming pid %d; got %v", pid, r)
 	}
 }

@@ -182,8 +182,12 @@ run.
 	}
 	reapOrphans(pid)
 	if left := descendants(); len(left) > 0 {
-		fmt.Fprintf(stderr, "ticketctl: the command left %d processes running (pids %v); they do not hold the lock on %s any more\n",
-			len(left), left, key)
+		if len(left) == 1 {
+			fmt.Fprintf(stderr, "ticketctl: the command left a process running (pid %d); it does not hold the lock on %s any more\n", left[0], key)
+		} else {
+			fmt.Fprintf(stderr, "ticketctl: the command left %d processes running (pids %v); they do not hold the lock on %s any more\n",
+				len(left), left, key)
+		}
 	}
 	// A signal now (an impatient Ctrl-C, a supervisor's SIGTERM while
 	// ticketd does not answer) ends the release: the lock then ends with
