@@ -462,12 +462,11 @@ refuse writes from a holder whose lease has ended (a lower token).
 	if cl == nil {
 		return code
 	}
-	// Signals stay diverted through Close, which can take seconds: a
-	// signal's default action there would end the process with 128+N after
-	// its token was printed, and a script would drop the token of a lock
-	// it holds.
-	sigc, unnotify := notifyStop()
-	defer unnotify()
+	// Signals stay diverted to the exit, through Close, which can take
+	// seconds: a signal's default action would end the process with 128+N
+	// after its token was printed, and a script would drop the token of a
+	// lock it holds.
+	sigc, _ := notifyStop()
 	defer cl.Close()
 	t0 := time.Now()
 	l, sig, err := acquireInterruptible(cl, sigc, *owner, key, *lease, *wait)
@@ -658,9 +657,8 @@ a token releases its key only once, so that is safe.
 	if cl == nil {
 		return code
 	}
-	sigc, unnotify := notifyStop()
-	defer unnotify()
-	defer cl.Close() // with signals still diverted, as in acquire
+	sigc, _ := notifyStop() // diverted to the exit, as in acquire
+	defer cl.Close()
 	tctx, cancel := context.WithTimeout(context.Background(), releaseTimeout(*c.addr))
 	defer cancel()
 	ctx, stop := withSignals(tctx, sigc)
