@@ -122,7 +122,7 @@ func (c *config) validate() error {
 	if c.shards < 1 || c.shards > 4096 {
 		return bad("shards", "%d is not between 1 and 4096", c.shards)
 	}
-	if c.sweepInterval < 10*time.Millisecond {
+	if c.sweepInterval < 10*time.Millisecond && !c.cluster.enabled() { // a cluster refuses the flag itself, below
 		// Each sweep walks every shard under its lock: shorter keeps an
 		// idle server busy.
 		return bad("sweep-interval", "%v must be at least 10ms", c.sweepInterval)

@@ -96,8 +96,10 @@ func TestDurationFlags(t *testing.T) {
 	if _, err := parseConfig(append(peers, "--raft-rtt", "1500us"), io.Discard); err == nil || !strings.Contains(err.Error(), "raft-rtt") {
 		t.Errorf("--raft-rtt 1500us: %v; want an error naming it (Dragonboat counts whole ms)", err)
 	}
-	if _, err := parseConfig(append(peers, "--sweep-interval", "1s"), io.Discard); err == nil || !strings.Contains(err.Error(), "sweep-interval") {
-		t.Errorf("--sweep-interval in cluster mode: %v; want an error naming it (a cluster has no sweep)", err)
+	for _, v := range []string{"1s", "1ms"} { // 1ms: told the flag is not the mode's, not only the minimum
+		if _, err := parseConfig(append(peers, "--sweep-interval", v), io.Discard); err == nil || !strings.Contains(err.Error(), "is for single mode") {
+			t.Errorf("--sweep-interval %s in cluster mode: %v; want an error saying it is for single mode (a cluster has no sweep)", v, err)
+		}
 	}
 	for _, args := range [][]string{
 		{"--peers", ""}, // single mode, asked for by name
