@@ -106,6 +106,7 @@ type Admin struct {
 	cancel context.CancelFunc // ends every request's context: Shutdown's first step
 	closed bool               // Shutdown was called: a later Serve returns at once
 	ready  func() bool
+	why    func() string // why not ready (SetWhyNot)
 }
 
 // New returns an Admin with the default Options.
@@ -141,7 +142,11 @@ func NewWith(o Options) *Admin {
 			plain(w, http.StatusOK, "ready\n")
 			return
 		}
-		plain(w, http.StatusServiceUnavailable, "not ready\n")
+		msg := "not ready\n"
+		if why := a.whyNot(); why != "" {
+			msg = "not ready: " + why + "\n"
+		}
+		plain(w, http.StatusServiceUnavailable, msg)
 	})
 	return a
 }
@@ -234,6 +239,24 @@ func (a *Admin) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h
 
 // Handler serves every endpoint; Serve uses it, tests and embedders may too.
 func (a *Admin) Handler() http.Handler { return a.mux }
+
+// SetWhyNot sets the function /readyz asks for the reason it gives with a
+// 503 ("": none given).
+func (a *Admin) SetWhyNot(why func() string) {
+	a.mu.Lock()
+	a.why = why
+	a.mu.Unlock()
+}
+
+func (a *Admin) whyNot() string {
+	a.mu.Lock()
+	why := a.why
+	a.mu.Unlock()
+	if why == nil {
+		return ""
+	}
+	return why()
+}
 
 func (a *Admin) isReady() bool {
 	a.mu.Lock()

@@ -56,6 +56,10 @@ func TestReadyzFollowsReadyFunc(t *testing.T) {
 	if code, _, _ := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Fatalf("after unready: /readyz = %d, want 503", code)
 	}
+	a.SetWhyNot(func() string { return "shutting down" })
+	if code, body, _ := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || body != "not ready: shutting down\n" {
+		t.Fatalf("with a reason: /readyz = %d %q, want 503 saying it", code, body)
+	}
 }
 
 func TestReadyzNilIsReady(t *testing.T) {

@@ -2263,16 +2263,34 @@ func (n *Node) LeaderUpdated(info raftio.LeaderInfo) {
 // While its shards are quiet, a write to its data dir stands in for the
 // proposals (probeLoop); one that failed or took an unavailable timeout,
 // or has been in flight that long, makes it not ready while busy too.
-func (n *Node) Ready() bool {
-	if n.closing.Load() || n.Err() != nil || n.probeStalled() > 0 || n.probeBad.Load() {
-		return false
+func (n *Node) Ready() bool { return n.NotReady() == "" }
+
+// NotReady says why Ready is false, for /readyz's answer; "" when it is
+// true.
+func (n *Node) NotReady() string {
+	switch err := n.Err(); {
+	case n.closing.Load():
+		return "stopping"
+	case err != nil:
+		return "stopped: " + err.Error()
+	}
+	if d := n.probeStalled(); d > 0 {
+		return fmt.Sprintf("a write to the data dir has taken %v, --unavailable-timeout (%v) or more: the disk stalls?", d.Round(time.Millisecond), n.opt.UnavailableTimeout)
+	}
+	if n.probeBad.Load() {
+		return "the last write to the data dir failed, or took --unavailable-timeout or more"
 	}
 	for _, g := range n.grps {
-		if g.leader.Load() == 0 || !g.agreed.Load() || g.stalled.Load() > 0 {
-			return false
+		switch {
+		case g.leader.Load() == 0:
+			return fmt.Sprintf("shard %d knows no leader (no quorum, or an election)", g.idx)
+		case !g.agreed.Load():
+			return fmt.Sprintf("shard %d has not agreed with this node's settings yet", g.idx)
+		case g.stalled.Load() > 0:
+			return fmt.Sprintf("shard %d: a request has waited --unavailable-timeout to commit", g.idx)
 		}
 	}
-	return true
+	return ""
 }
 
 // ErrRefused matches (errors.Is) a Replace refused for what it was asked:

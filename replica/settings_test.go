@@ -689,6 +689,9 @@ func TestClusterLimitsChangeWithoutQuorumSaysSo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	err := c.nodes[0].SetLimits(ctx, 7, 0, 0)
+	if why := c.nodes[0].NotReady(); !strings.Contains(why, "knows no leader") {
+		t.Errorf("not ready without a quorum says %q", why)
+	}
 	if err == nil || !strings.Contains(err.Error(), "no quorum") {
 		t.Fatalf("SetLimits with 2 of 3 nodes down: %v, want an error that says no quorum", err)
 	}

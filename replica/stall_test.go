@@ -159,6 +159,9 @@ func TestClusterIdleStalledDiskIsNotReady(t *testing.T) {
 	if d := time.Since(stalled); d < unavailable {
 		t.Fatalf("not ready %v into the stall, before the unavailable timeout (%v)", d, unavailable)
 	}
+	if why := c.nodes[0].NotReady(); !strings.Contains(why, "write to the data dir") {
+		t.Errorf("not ready for its stalled disk, and says %q", why)
+	}
 	for i := 1; i < 3; i++ {
 		if !c.nodes[i].Ready() {
 			t.Fatalf("node %d not ready, with only node 1's disk stalled", i+1)

@@ -730,8 +730,23 @@ func (r *Runner) Err() error {
 // loop, and every connection on it), or the last one took that long (a
 // disk that slow on every write would make it flap), and once the runner
 // has failed.
-func (r *Runner) Ready() bool {
-	return r.Err() == nil && r.stalled(r.clock.now()) == 0 && !r.slowLast()
+func (r *Runner) Ready() bool { return r.NotReady() == "" }
+
+// NotReady says why Ready is false, for /readyz's answer; "" when it is
+// true. The stamp in flight is read before the last write's time, as the
+// writer stores them in the other order: a stall that ends is seen in one
+// or the other.
+func (r *Runner) NotReady() string {
+	if err := r.Err(); err != nil {
+		return "a synced write failed: " + err.Error()
+	}
+	if d := r.stalled(r.clock.now()); d > 0 {
+		return fmt.Sprintf("a synced write of the state has taken %v, --unavailable-timeout (%v) or more: the disk stalls?", d.Round(time.Millisecond), r.opt.StallTimeout)
+	}
+	if r.slowLast() {
+		return fmt.Sprintf("the last synced write of the state took %v, --unavailable-timeout (%v) or more", time.Duration(r.lastSave.Load()).Round(time.Millisecond), r.opt.StallTimeout)
+	}
+	return ""
 }
 
 // slowLast: the last synced write of the state took StallTimeout or more.

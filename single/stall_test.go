@@ -3,6 +3,7 @@ package single
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,6 +91,9 @@ func TestStalledDiskMakesAnIdleRunnerNotReady(t *testing.T) {
 	waitFor(t, 10*time.Second, "not ready with an idle runner's disk stalled", func() bool { return !r.Ready() })
 	if d := time.Since(stalled); d < stall {
 		t.Fatalf("not ready %v into the stall, before the stall timeout (%v)", d, stall)
+	}
+	if why := r.NotReady(); !strings.Contains(why, "synced write of the state has taken") {
+		t.Errorf("not ready for its stalled disk, and says %q", why)
 	}
 	stalledLog := func() int {
 		return logs.FilterMessageSnippet("a synced write of the state has taken --unavailable-timeout or more").Len()

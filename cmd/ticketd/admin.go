@@ -30,9 +30,11 @@ type admin struct {
 
 	node atomic.Pointer[replica.Node] // cluster mode, once started
 
-	mu      sync.Mutex
-	readyOK bool
-	readyFn func() bool // the mode's own readiness (cluster: a leader known for every shard)
+	mu       sync.Mutex
+	readyOK  bool
+	stopping bool          // readyOK false: shutting down, not starting
+	readyFn  func() bool   // the mode's own readiness (cluster: a leader known for every shard)
+	whyFn    func() string // why the mode is not ready
 }
 
 // The admin listener's connections (and its listener) come out of
@@ -70,6 +72,7 @@ func startAdmin(cfg *config, log *zap.Logger) (*admin, error) {
 		a.clusterPages()
 	}
 	go func() {
+		a.a.SetWhyNot(a.whyNot)
 		if err := a.a.Serve(ln, a.isReady); err != nil {
 			log.Warn("admin listener stopped", zap.Error(err))
 		}
@@ -124,6 +127,22 @@ func (a *admin) isReady() bool {
 	ok, fn := a.readyOK, a.readyFn
 	a.mu.Unlock()
 	return ok && (fn == nil || fn())
+}
+
+// whyNot is what /readyz says with its 503.
+func (a *admin) whyNot() string {
+	a.mu.Lock()
+	ok, stopping, why := a.readyOK, a.stopping, a.whyFn
+	a.mu.Unlock()
+	switch {
+	case stopping:
+		return "shutting down"
+	case !ok:
+		return "starting"
+	case why != nil:
+		return why()
+	}
+	return ""
 }
 
 // tableSource is what the admin side reads of a mode.
@@ -208,6 +227,11 @@ func (a *admin) ready(srv *netloop.Server, r tableSource) {
 		a.readyFn = rd.Ready
 		a.mu.Unlock()
 	}
+	if rd, ok := r.(interface{ NotReady() string }); ok {
+		a.mu.Lock()
+		a.whyFn = rd.NotReady
+		a.mu.Unlock()
+	}
 	a.mu.Lock()
 	a.readyOK = true
 	a.mu.Unlock()
@@ -220,7 +244,7 @@ func (a *admin) unready() {
 		return
 	}
 	a.mu.Lock()
-	a.readyOK = false
+	a.readyOK, a.stopping = false, true
 	a.mu.Unlock()
 }
 

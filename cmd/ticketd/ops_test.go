@@ -97,9 +97,13 @@ func TestReadyzDuringShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatalf("/readyz during the shutdown: %v (the admin listener stays up while it lingers)", err)
 	}
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
 		t.Fatalf("/readyz 200 during the shutdown")
+	}
+	if string(body) != "not ready: shutting down\n" {
+		t.Errorf("/readyz during the shutdown said %q, not why", body)
 	}
 }
 
