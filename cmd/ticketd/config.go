@@ -115,6 +115,9 @@ func (c *config) validate() error {
 		if _, _, err := net.SplitHostPort(c.admin); err != nil {
 			return bad("admin", "%q is not host:port", c.admin)
 		}
+		if _, port, _ := net.SplitHostPort(c.admin); c.admin == c.listen && port != "0" { // 0: two ports the kernel picks
+			return bad("admin", "%q is --listen's address too: give the admin listener a port of its own", c.admin)
+		}
 	}
 	if strings.TrimSpace(c.dataDir) == "" {
 		return bad("data-dir", "must not be empty")
