@@ -15,8 +15,8 @@ var parseError = regexp.MustCompile(`^invalid value "(.*)" for flag -([^:]+): pa
 
 // Explain rewrites the flag package's "parse error" for a duration flag
 // into one that says what a duration looks like: most often the value is
-// a bare number ("--lease 30"), which needs a unit. Other errors come back
-// as they are.
+// a bare number ("--lease 30"), which needs a unit; for a whole-number
+// flag, into one that says so. Other errors come back as they are.
 func Explain(fs *flag.FlagSet, err error) error {
 	m := parseError.FindStringSubmatch(err.Error())
 	if m == nil {
@@ -30,7 +30,11 @@ func Explain(fs *flag.FlagSet, err error) error {
 	if !ok {
 		return err
 	}
-	if _, isDur := g.Get().(time.Duration); !isDur {
+	switch g.Get().(type) {
+	case time.Duration:
+	case int, int64, uint, uint64:
+		return fmt.Errorf("invalid value %q for --%s: want a whole number", m[1], m[2])
+	default:
 		return err
 	}
 	if _, err := strconv.ParseFloat(m[1], 64); err == nil {

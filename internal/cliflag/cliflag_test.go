@@ -17,13 +17,15 @@ func TestExplain(t *testing.T) {
 		{[]string{"--lease", "2.5"}, `invalid value "2.5" for --lease: want a duration with a unit`},
 		{[]string{"--lease", "soon"}, `invalid value "soon" for --lease: not a duration (such as 30s, 500ms or 1h), or out of range`},
 		{[]string{"--lease", "9999999999h"}, `invalid value "9999999999h" for --lease: not a duration`},
-		{[]string{"--count", "x"}, ""},
+		{[]string{"--count", "x"}, `invalid value "x" for --count: want a whole number`},
+		{[]string{"--on=maybe"}, ""},
 		{[]string{"--nope"}, ""},
 	} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		fs.Duration("lease", time.Second, "")
 		fs.Int("count", 0, "")
+		fs.Bool("on", false, "")
 		err := fs.Parse(tc.args)
 		if err == nil {
 			t.Fatalf("%v: parsed", tc.args)
