@@ -83,9 +83,10 @@ run.
 	}
 
 	// From here on stopSignals are ours: while waiting for the lock they
-	// cancel the acquire, once the command runs they are passed on.
-	sigc, unnotify := notifyStop()
-	defer unnotify()
+	// cancel the acquire, once the command runs they are passed on. Never
+	// given back: one between that and the exit would make the exit status
+	// 128+N, not the command's.
+	sigc, _ := notifyStop()
 	// A closed stderr (a log pipe gone with the terminal) must not kill
 	// ticketctl while the command runs: with SIGPIPE caught, writes to it
 	// fail instead. The command gets the default disposition back at exec.

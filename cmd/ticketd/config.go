@@ -115,7 +115,8 @@ func (c *config) validate() error {
 		if _, _, err := net.SplitHostPort(c.admin); err != nil {
 			return bad("admin", "%q is not host:port", c.admin)
 		}
-		if _, port, _ := net.SplitHostPort(c.admin); c.admin == c.listen && port != "0" { // 0: two ports the kernel picks
+		_, port, _ := net.SplitHostPort(c.admin)
+		if p, err := net.LookupPort("tcp", port); c.admin == c.listen && err == nil && p != 0 { // 0 (or ""): two ports the kernel picks
 			return bad("admin", "%q is --listen's address too: give the admin listener a port of its own", c.admin)
 		}
 	}

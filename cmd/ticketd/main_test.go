@@ -99,8 +99,11 @@ func TestDurationFlags(t *testing.T) {
 	if _, err := parseConfig([]string{"--listen", "127.0.0.1:7411", "--admin", "127.0.0.1:7411"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--listen's address too") {
 		t.Errorf("--admin at --listen's address: %v; want an error saying so (the second bind failed with 'address already in use')", err)
 	}
-	if _, err := parseConfig([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, io.Discard); err != nil {
-		t.Errorf("--listen and --admin both at port 0 (two ports the kernel picks): %v", err)
+	for _, port := range []string{"0", ""} {
+		a := "127.0.0.1:" + port
+		if _, err := parseConfig([]string{"--listen", a, "--admin", a}, io.Discard); err != nil {
+			t.Errorf("--listen and --admin both at %q (two ports the kernel picks): %v", a, err)
+		}
 	}
 	for _, v := range []string{"1s", "1ms"} { // 1ms: told the flag is not the mode's, not only the minimum
 		if _, err := parseConfig(append(peers, "--sweep-interval", v), io.Discard); err == nil || !strings.Contains(err.Error(), "is for single mode") {

@@ -32,8 +32,10 @@ func Explain(fs *flag.FlagSet, err error) error {
 	}
 	switch g.Get().(type) {
 	case time.Duration:
-	case int, int64, uint, uint64:
+	case int, int64:
 		return fmt.Errorf("invalid value %q for --%s: want a whole number", m[1], m[2])
+	case uint, uint64:
+		return fmt.Errorf("invalid value %q for --%s: want a whole number, 0 or more", m[1], m[2])
 	default:
 		return err
 	}

@@ -18,6 +18,7 @@ func TestExplain(t *testing.T) {
 		{[]string{"--lease", "soon"}, `invalid value "soon" for --lease: not a duration (such as 30s, 500ms or 1h), or out of range`},
 		{[]string{"--lease", "9999999999h"}, `invalid value "9999999999h" for --lease: not a duration`},
 		{[]string{"--count", "x"}, `invalid value "x" for --count: want a whole number`},
+		{[]string{"--id", "-1"}, `invalid value "-1" for --id: want a whole number, 0 or more`},
 		{[]string{"--on=maybe"}, ""},
 		{[]string{"--nope"}, ""},
 	} {
@@ -26,6 +27,7 @@ func TestExplain(t *testing.T) {
 		fs.Duration("lease", time.Second, "")
 		fs.Int("count", 0, "")
 		fs.Bool("on", false, "")
+		fs.Uint64("id", 0, "")
 		err := fs.Parse(tc.args)
 		if err == nil {
 			t.Fatalf("%v: parsed", tc.args)
