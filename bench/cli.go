@@ -131,7 +131,14 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			name += "-" + strings.Join(env.Only, "-") // bench-quick-cluster.md
 		}
 	}
-	md, err := writeResults(rep, env.Out, name)
+	dir := env.Out
+	if len(rep.Errors) > 0 {
+		// A run that failed part-way must not stand in for the last good
+		// one in the results a README quotes.
+		fmt.Fprintf(stderr, "bench: %d errors: nothing written to %s, the report is on stdout only\n", len(rep.Errors), dir)
+		dir = ""
+	}
+	md, err := writeResults(rep, dir, name)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
 	}
@@ -143,8 +150,22 @@ func suiteMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 // prepare builds what it was not given and finds Redis and etcd.
+// absPath makes a binary's path given as a relative one absolute: the
+// servers start in directories of their own, where "bin/ticketd" is not
+// found (the README's -only cluster example failed so, after 80 s of runs).
+// A bare name is left to the PATH, and "" stays "".
+func absPath(p string) string {
+	if p == "" || !strings.ContainsRune(p, filepath.Separator) {
+		return p
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
+}
+
 func prepare(ctx context.Context, out, ticketd, echo, redis, etcd string, profile bool, log io.Writer) (Env, func(), error) {
-	env := Env{Log: log, Profile: profile, Ticketd: ticketd, Echo: echo}
+	env := Env{Log: log, Profile: profile, Ticketd: absPath(ticketd), Echo: absPath(echo)}
 	cleanup := func() {}
 	root, err := serverproc.ModuleRoot()
 	if err != nil && (ticketd == "" || echo == "" || out == "") {
@@ -184,7 +205,7 @@ func prepare(ctx context.Context, out, ticketd, echo, redis, etcd string, profil
 			env.RedisMissing = err.Error()
 		}
 	default:
-		env.Redis = redis
+		env.Redis = absPath(redis)
 	}
 	switch etcd {
 	case "none":
@@ -194,7 +215,7 @@ func prepare(ctx context.Context, out, ticketd, echo, redis, etcd string, profil
 			env.EtcdMissing = err.Error()
 		}
 	default:
-		env.Etcd = etcd
+		env.Etcd = absPath(etcd)
 	}
 	self, err := os.Executable()
 	if err != nil {

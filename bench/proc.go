@@ -292,7 +292,11 @@ func redisSetup(addr string) error {
 }
 
 // RedisVersion returns the first line of `redis-server --version`.
-func RedisVersion(bin string) string {
+func RedisVersion(bin string) string { return versionOf(bin) }
+
+// versionOf is what bin --version prints (redis-server, ticketd), or
+// "unknown".
+func versionOf(bin string) string {
 	out, err := exec.Command(bin, "--version").Output()
 	if err != nil {
 		return "unknown"

@@ -126,3 +126,31 @@ func (s *stampWriter) Write(p []byte) (int, error) {
 	fmt.Fprintf(s.w, "%6.2fs %s", time.Since(s.t0).Seconds(), p)
 	return len(p), nil
 }
+
+// Binaries named by relative paths (the README's `-ticketd bin/ticketd`)
+// are run by their absolute paths: the servers start in directories of
+// their own, where a relative path found nothing.
+func TestRelativeBinaryPathsAreMadeAbsolute(t *testing.T) {
+	env, cleanup, err := prepare(context.Background(), t.TempDir(), "bin/ticketd", "bin/echo", "none", "none", false, io.Discard)
+	defer cleanup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{env.Ticketd, env.Echo} {
+		if !filepath.IsAbs(p) {
+			t.Errorf("binary %q kept relative", p)
+		}
+	}
+}
+
+// The report names the build it measured, as that build names itself.
+func TestReportNamesTheTicketdItMeasured(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "ticketd")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho ticketd abc1234\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	md := newReport(QuickPlan(), Env{Ticketd: bin}).Markdown("")
+	if !strings.Contains(md, "Measured: ticketd abc1234.") {
+		t.Fatalf("the report does not name the build:\n%s", md[:min(len(md), 400)])
+	}
+}

@@ -328,12 +328,12 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 		return
 	}
 	r.Targets = append(r.Targets, Target{spreadName,
-		fmt.Sprintf("%.0f%% over %d runs (%s to %s pairs/s); echo %.0f%%", 100*def.Spread, def.Runs,
+		fmt.Sprintf("%.1f%% over %d runs (%s to %s pairs/s); echo %.1f%%", 100*def.Spread, def.Runs,
 			human(def.Min), human(def.Max), 100*echo.Spread),
 		verdict(def.Spread < 0.15 || def.Spread <= echo.Spread)})
 	ratio := def.Median / perCore.Median
 	r.Targets = append(r.Targets, Target{tradeName,
-		fmt.Sprintf("%s vs %s pairs/s (medians) = %.0f%%", human(def.Median), human(perCore.Median), 100*ratio),
+		fmt.Sprintf("%s vs %s pairs/s (medians) = %.1f%%", human(def.Median), human(perCore.Median), 100*ratio),
 		verdict(ratio >= 0.9)})
 	// The uncontended section's depth-64 ratio compares one run of each
 	// system, minutes apart; a slow spell of a shared machine that falls on
@@ -343,7 +343,7 @@ func (r *Report) evaluateSteady(skip func(name, why string)) {
 	if ceil, ok := sr.roleStat(RoleCeiling, deep); ok && ceil.Median > 0 {
 		ratio := def.Median / ceil.Median
 		r.Targets = append(r.Targets, Target{ceilingName,
-			fmt.Sprintf("%s vs %s pairs/s (medians of %d rounds) = %.0f%%", human(def.Median), human(ceil.Median), def.Runs, 100*ratio),
+			fmt.Sprintf("%s vs %s pairs/s (medians of %d rounds) = %.1f%%", human(def.Median), human(ceil.Median), def.Runs, 100*ratio),
 			verdict(ratio >= 0.6)})
 	} else {
 		skip(ceilingName, "the echo ceiling did not run")
