@@ -13,7 +13,7 @@ help:
 	@echo "make test         go vet, the allocation tests without -race, then every test with -race"
 	@echo "make test-alloc   only the allocation tests, without -race (each must run and pass)"
 	@echo "make fuzz         run each fuzz target for FUZZTIME ($(FUZZTIME))"
-	@echo "make bench        ticketd vs Redis vs the echo ceiling (about 10 minutes)"
+	@echo "make bench        ticketd vs Redis vs the echo ceiling (10 to 13 minutes)"
 	@echo "make bench-quick  the same, short (about a minute and a half)"
 	@echo "make build        build ticketd and ticketctl into $(BIN)/"
 	@echo "make pgo          profile ticketd under load into cmd/ticketd/default.pgo (then make build)"
