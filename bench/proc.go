@@ -291,9 +291,6 @@ func redisSetup(addr string) error {
 	return nil
 }
 
-// RedisVersion returns the first line of `redis-server --version`.
-func RedisVersion(bin string) string { return versionOf(bin) }
-
 // versionOf is what bin --version prints (redis-server, ticketd), or
 // "unknown".
 func versionOf(bin string) string {

@@ -181,7 +181,7 @@ func newReport(p Plan, env Env) *Report {
 	r := &Report{Plan: p.Name, Started: time.Now(), Cores: runtime.NumCPU(),
 		GoVersion: runtime.Version(), CPU: cpuModel(), plan: p}
 	if env.Redis != "" {
-		r.RedisVersion = RedisVersion(env.Redis)
+		r.RedisVersion = versionOf(env.Redis)
 	}
 	if env.Ticketd != "" {
 		r.TicketdVersion = versionOf(env.Ticketd)

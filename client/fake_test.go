@@ -728,25 +728,47 @@ func TestReleaseFuncOfAHeldReleaseDueAtCloseIsCalledBeforeCloseReturns(t *testin
 	}
 }
 
-// A grant that arrives after its caller gave up is released by the client;
-// when the connection that brought it breaks at once, the release goes out
-// on the next connection rather than leave the lock to its lease.
-func TestLateGrantReleasedOnNextConnection(t *testing.T) {
-	first, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
+// answerReleases answers each line it reads R for its token and key, and
+// hands the line's fields to seen, until the client's end.
+func answerReleases(t *testing.T, nc net.Conn, r *bufio.Reader, seen chan<- []string) {
+	for f := readFields(t, r); f != nil; f = readFields(t, r) {
+		seen <- f
+		fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+	}
+}
+
+// releasingNode is a node that answers every release (answerReleases); the
+// channel returned has each line it read.
+func releasingNode(t *testing.T) (addr string, seen <-chan []string) {
+	c := make(chan []string, 4)
+	addr, _ = fakeServer(t, func(nc net.Conn, r *bufio.Reader) { answerReleases(t, nc, r, c) })
+	return addr, c
+}
+
+// lateGrantNode reads an acquire and grants it with token 5 after, then,
+// with thenRead, reads one more line (the client's release of it), and
+// closes the connection with nothing more answered.
+func lateGrantNode(t *testing.T, after time.Duration, thenRead bool) string {
+	addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
 		f := readFields(t, r) // A owner key lease wait
 		if f == nil {
 			return
 		}
-		time.Sleep(300 * time.Millisecond) // the caller has given up by now
+		time.Sleep(after)
 		fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
-	}) // and close
-	seen := make(chan []string, 4)
-	next, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-		for f := readFields(t, r); f != nil; f = readFields(t, r) {
-			seen <- f
-			fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
+		if thenRead {
+			readFields(t, r)
 		}
 	})
+	return addr
+}
+
+// A grant that arrives after its caller gave up is released by the client;
+// when the connection that brought it breaks at once, the release goes out
+// on the next connection rather than leave the lock to its lease.
+func TestLateGrantReleasedOnNextConnection(t *testing.T) {
+	first := lateGrantNode(t, 300*time.Millisecond, false) // the caller has given up by then
+	next, seen := releasingNode(t)
 	cl := dial(t, first+","+next, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -771,22 +793,8 @@ func TestLateGrantReleasedOnNextConnection(t *testing.T) {
 func TestReleaseOfAGrantQueuedPastItsLeaseIsSentAgain(t *testing.T) {
 	const lease, queued = time.Second, 1500 * time.Millisecond
 	t.Run("Release", func(t *testing.T) {
-		first, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-			f := readFields(t, r) // A owner key lease wait
-			if f == nil {
-				return
-			}
-			time.Sleep(queued) // the key is handed over only now
-			fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
-			readFields(t, r) // the release: break unanswered
-		})
-		seen := make(chan []string, 4)
-		next, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-			for f := readFields(t, r); f != nil; f = readFields(t, r) {
-				seen <- f
-				fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
-			}
-		})
+		first := lateGrantNode(t, queued, true) // handed over only then; the release breaks unanswered
+		next, seen := releasingNode(t)
 		cl := dial(t, first+","+next, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
 		l, err := cl.Acquire(testCtx(t), "k", lease, 5*time.Second)
 		if err != nil {
@@ -803,22 +811,8 @@ func TestReleaseOfAGrantQueuedPastItsLeaseIsSentAgain(t *testing.T) {
 		}
 	})
 	t.Run("unwanted", func(t *testing.T) {
-		first, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-			f := readFields(t, r)
-			if f == nil {
-				return
-			}
-			time.Sleep(queued) // the caller has given up by now
-			fmt.Fprintf(nc, "A 5 %s %s\n", f[1], f[2])
-			readFields(t, r) // the client's release of it: break unanswered
-		})
-		seen := make(chan []string, 4)
-		next, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
-			for f := readFields(t, r); f != nil; f = readFields(t, r) {
-				seen <- f
-				fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
-			}
-		})
+		first := lateGrantNode(t, queued, true) // the caller has given up by then; the client's release breaks unanswered
+		next, seen := releasingNode(t)
 		cl := dial(t, first+","+next, client.WithConns(1), client.WithBackoff(time.Millisecond, 10*time.Millisecond))
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
@@ -839,10 +833,7 @@ func TestReleaseOfAGrantQueuedPastItsLeaseIsSentAgain(t *testing.T) {
 		seen := make(chan []string, 4)
 		addr, _ := fakeServer(t, func(nc net.Conn, r *bufio.Reader) {
 			if conns.Add(1) > 1 { // Close's own connection
-				for f := readFields(t, r); f != nil; f = readFields(t, r) {
-					seen <- f
-					fmt.Fprintf(nc, "R %s %s\n", f[1], f[2])
-				}
+				answerReleases(t, nc, r, seen)
 				return
 			}
 			f := readFields(t, r)

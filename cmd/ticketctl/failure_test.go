@@ -209,50 +209,44 @@ func TestReleasePastHungNode(t *testing.T) {
 
 // The connection breaks while run's command holds the lock, and the server
 // is back only after the command ended: the release waits for it rather
-// than fail at once and leave the lock held to the end of its lease.
+// than fail at once and leave the lock held to the end of its lease. So
+// too for a grant that waited queued longer than its lease: its Deadline
+// has passed when it arrives, while the server's lease has just begun, and
+// the release gave up at that Deadline.
 func TestRunReleaseWaitsForReconnect(t *testing.T) {
-	f := newFake(t, grant)
-	file := filepath.Join(t.TempDir(), "go")
-	r := start(t, append([]string{"--addr", f.addr, "run", "k", "--lease", "1m", "--"}, childCmd("waitfile", file)...)...)
-	waitOutput(t, r.stdout, "ready")
-	f.cut()
-	if err := os.WriteFile(file, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(700 * time.Millisecond) // the command ends, ticketctl releases with no connection up
-	f.listen()
-	res := r.wait(t)
-	if res.code != 0 || strings.Contains(res.stderr, "could not release") {
-		t.Errorf("run: want exit 0 and the lock released once the server is back; got %v", res)
-	}
-	if reqs := f.requests(); reqs[len(reqs)-1] != "R 5 k" {
-		t.Errorf("no release reached the server: %q", reqs)
-	}
-}
-
-// As above for a grant that waited queued longer than its lease: its
-// Deadline has passed when it arrives, while the server's lease has just
-// begun. The release still waits for the server rather than give up at
-// the Deadline and leave the key held for the lease.
-func TestRunReleaseOfAGrantQueuedPastItsLeaseWaitsForReconnect(t *testing.T) {
-	f := newFake(t, func(req []string) string {
-		if req[0] == "A" {
-			time.Sleep(700 * time.Millisecond) // handed over only now
-		}
-		return grant(req)
-	})
-	file := filepath.Join(t.TempDir(), "go")
-	r := start(t, append([]string{"--addr", f.addr, "run", "k", "--lease", "500ms", "--wait", "5s", "--"}, childCmd("waitfile", file)...)...)
-	waitOutput(t, r.stdout, "ready")
-	f.cut()
-	if err := os.WriteFile(file, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(700 * time.Millisecond) // the command ends, ticketctl releases with no connection up
-	f.listen()
-	r.wait(t)
-	if reqs := f.requests(); reqs[len(reqs)-1] != "R 5 k" {
-		t.Errorf("no release reached the server: %q", reqs)
+	for _, tc := range []struct {
+		name   string
+		answer func(req []string) string
+		lease  []string
+	}{
+		{"at once", grant, []string{"--lease", "1m"}},
+		{"queued past its lease", func(req []string) string {
+			if req[0] == "A" {
+				time.Sleep(700 * time.Millisecond) // handed over only now
+			}
+			return grant(req)
+		}, []string{"--lease", "500ms", "--wait", "5s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(t, tc.answer)
+			file := filepath.Join(t.TempDir(), "go")
+			args := append(append([]string{"--addr", f.addr, "run", "k"}, tc.lease...), "--")
+			r := start(t, append(args, childCmd("waitfile", file)...)...)
+			waitOutput(t, r.stdout, "ready")
+			f.cut()
+			if err := os.WriteFile(file, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(700 * time.Millisecond) // the command ends, ticketctl releases with no connection up
+			f.listen()
+			res := r.wait(t)
+			if res.code != 0 || strings.Contains(res.stderr, "could not release") {
+				t.Errorf("run: want exit 0 and the lock released once the server is back; got %v", res)
+			}
+			if reqs := f.requests(); reqs[len(reqs)-1] != "R 5 k" {
+				t.Errorf("no release reached the server: %q", reqs)
+			}
+		})
 	}
 }
 
